@@ -1,0 +1,30 @@
+# The two commands: `make run` (main job on the embedded emulator) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: run test venv dev bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,torch]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(PY) -m autoresearch_dagster run --endpoint examples/endpoints/demo.yaml
+
+test: $(VENV)/.installed
+	bash scripts/test.sh
+
+dev: $(VENV)/.installed
+	mkdir -p $(DAGSTER_HOME) && $(VENV)/bin/dagster dev -w workspace.yaml
+
+bench: $(VENV)/.installed
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf out .dagster_home .pytest_cache

@@ -1,0 +1,349 @@
+"""Owns the typed specs: endpoint, SLA, server config (SGLang 0.5.23 knob names), budgets.
+
+One table, ``KNOBS``, is the single source of truth for every tunable server knob: its SGLang
+name, type, default, allowed values or range, whether it is lossy, the research direction it
+belongs to and a one-line trade-off. Validation, the emulator's inputs, SGLang launch flags,
+the search space and the lossless/lossy classification all derive from it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SpecError(ValueError):
+    """A spec or config that cannot be used; the message names the field and what is allowed."""
+
+
+Direction = Literal["scheduling_cache", "speculative", "kernels_quant", "parallel_admission"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str  # SGLang's ServerArgs field name; the CLI flag is --name-with-dashes
+    type: type
+    default: Any  # None means "resolved by the server" (see resolve() in the emulator / /server_info)
+    direction: Direction
+    tradeoff: str
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None  # inclusive bounds for numeric knobs
+    high: float | None = None
+    lossy: bool = False
+    nullable: bool = True
+    search_values: tuple[Any, ...] = ()  # the values the offline search space tries
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def validate(self, value: Any) -> Any:
+        if value is None:
+            if self.nullable:
+                return None
+            raise SpecError(f"knob {self.name!r} cannot be null")
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise SpecError(f"knob {self.name!r} must be true or false, got {value!r}")
+            return value
+        if self.type is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                if isinstance(value, float) and value.is_integer():
+                    value = int(value)
+                else:
+                    raise SpecError(f"knob {self.name!r} must be an integer, got {value!r}")
+        elif self.type is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SpecError(f"knob {self.name!r} must be a number, got {value!r}")
+            value = float(value)
+        elif self.type is str:
+            if not isinstance(value, str):
+                raise SpecError(f"knob {self.name!r} must be a string, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            allowed = ", ".join(repr(c) for c in self.choices)
+            raise SpecError(f"knob {self.name!r} = {value!r} is not allowed; choose one of: {allowed}")
+        if self.low is not None and value < self.low:
+            raise SpecError(f"knob {self.name!r} = {value!r} is below its minimum {self.low}")
+        if self.high is not None and value > self.high:
+            raise SpecError(f"knob {self.name!r} = {value!r} is above its maximum {self.high}")
+        return value
+
+
+_K = Knob
+KNOBS: dict[str, Knob] = {k.name: k for k in [
+    _K("chunked_prefill_size", int, None, "scheduling_cache",
+       "tokens per prefill chunk: larger lowers TTFT of long prompts but stalls decode (ITL spikes); -1 disables chunking",
+       low=-1, high=65536, search_values=(2048, 4096, 8192, 16384)),
+    _K("max_prefill_tokens", int, 16384, "scheduling_cache",
+       "token budget of one prefill batch: more requests per prefill vs longer prefill steps",
+       low=1, high=262144, nullable=False),
+    _K("prefill_decode_interval", int, None, "scheduling_cache",
+       "decode rounds run after each prefill before the next: protects ITL/TPOT at the cost of TTFT; 0 disables",
+       low=0, high=64, search_values=(0, 2, 4, 8, 16)),
+    _K("prefill_decode_interval_min_bs", int, 0, "scheduling_cache",
+       "apply the prefill-decode interval only while the running batch has at least this many requests",
+       low=0, high=4096, nullable=False),
+    _K("enable_mixed_chunk", bool, False, "scheduling_cache",
+       "put running decodes into the chunked prefill batch: smoother ITL, larger prefill steps",
+       nullable=False, search_values=(False, True)),
+    _K("schedule_policy", str, "fcfs", "scheduling_cache",
+       "queue order: lpm favours requests with long cached prefixes (more reuse, prefix-match CPU cost)",
+       choices=("fcfs", "lpm"), nullable=False, search_values=("fcfs", "lpm")),
+    _K("schedule_conservativeness", float, 1.0, "parallel_admission",
+       "scales the admission estimate of future decode tokens: lower admits more (retraction risk)",
+       low=0.0, high=10.0, nullable=False, search_values=(0.3, 0.6, 1.0, 1.5)),
+    _K("max_running_requests", int, None, "parallel_admission",
+       "largest decode batch: throughput vs per-token latency and KV pressure (48 by default with speculative decoding)",
+       low=1, high=8192, search_values=(32, 64, 128, 256, 512)),
+    _K("mem_fraction_static", float, None, "parallel_admission",
+       "share of GPU memory for weights + KV pool: more KV and concurrency vs activation/graph OOM risk",
+       low=0.05, high=0.99, search_values=(0.80, 0.85, 0.88, 0.92)),
+    _K("page_size", int, None, "scheduling_cache",
+       "KV page size in tokens: larger pages are faster but partial pages are not reused by the prefix cache",
+       low=1, high=256, search_values=(1, 16, 64)),
+    _K("kv_cache_dtype", str, "auto", "kernels_quant",
+       "KV cache precision: fp8 roughly doubles token capacity at some accuracy risk",
+       choices=("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"), lossy=True, nullable=False,
+       search_values=("auto", "fp8_e4m3")),
+    _K("quantization", str, None, "kernels_quant",
+       "weight quantization: fp8 halves weight bytes and uses fp8 tensor cores, at some accuracy risk",
+       choices=("fp8", "w8a8_fp8", "unquant"), lossy=True, search_values=(None, "fp8")),
+    _K("disable_radix_cache", bool, False, "scheduling_cache",
+       "turn off the radix prefix cache: no prefix reuse, less bookkeeping",
+       nullable=False, search_values=(False, True)),
+    _K("cuda_graph_max_bs_decode", int, None, "kernels_quant",
+       "largest decode batch that runs as a CUDA graph: bigger removes launch overhead at large batch, costs memory",
+       low=1, high=4096, search_values=(32, 64, 128, 256, 512)),
+    _K("tp_size", int, 1, "parallel_admission",
+       "tensor parallel degree: splits weights and KV heads over GPUs vs all-reduce cost",
+       choices=(1, 2, 4, 8), nullable=False, search_values=(1, 2)),
+    _K("dp_size", int, 1, "parallel_admission",
+       "full model replicas behind one endpoint (GPUs = dp x tp)",
+       choices=(1, 2, 4, 8), nullable=False, search_values=(1, 2)),
+    _K("speculative_algorithm", str, None, "speculative",
+       "speculative decoding: more tokens per step at low batch, wasted draft compute near saturation",
+       choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"), search_values=(None, "EAGLE")),
+    _K("speculative_num_steps", int, None, "speculative",
+       "draft depth: more accepted tokens per verify vs wasted draft work at high batch",
+       low=1, high=16, search_values=(1, 2, 3, 5)),
+    _K("speculative_eagle_topk", int, None, "speculative",
+       "draft tree width", low=1, high=16, search_values=(1, 2, 4)),
+    _K("speculative_num_draft_tokens", int, None, "speculative",
+       "verify width (num_steps + 1 when topk is 1)", low=1, high=64, search_values=(2, 4, 8)),
+    _K("stream_interval", int, 1, "scheduling_cache",
+       "tokens per streamed chunk: less per-token overhead vs coarser client-side ITL",
+       low=1, high=64, nullable=False, search_values=(1, 2, 4)),
+]}
+
+
+def knob(name: str) -> Knob:
+    try:
+        return KNOBS[name]
+    except KeyError:
+        raise SpecError(f"unknown server knob {name!r}; known knobs: {', '.join(sorted(KNOBS))}") from None
+
+
+def validate_server_config(values: dict[str, Any]) -> dict[str, Any]:
+    """Validate a server config mapping (SGLang field names, or --flag spellings); unknown knobs are errors."""
+    out: dict[str, Any] = {}
+    for raw_name, value in (values or {}).items():
+        name = raw_name.lstrip("-").replace("-", "_")
+        out[name] = knob(name).validate(value)
+    return out
+
+
+def is_lossy(config: dict[str, Any], baseline: dict[str, Any] | None = None) -> bool:
+    """A change is lossy when it sets a lossy knob to a value that differs from the baseline's."""
+    baseline = baseline or {}
+    for name, value in config.items():
+        k = knob(name)
+        if k.lossy and value != baseline.get(name, k.default) and value not in (None, "auto", "unquant"):
+            return True
+    return False
+
+
+def launch_flags(config: dict[str, Any]) -> list[str]:
+    """SGLang command-line flags for a validated config (unset knobs are left to the server)."""
+    flags: list[str] = []
+    for name, value in validate_server_config(config).items():
+        k = KNOBS[name]
+        if value is None:
+            continue
+        if k.type is bool:
+            if value:
+                flags.append(k.flag)
+            continue
+        flags += [k.flag, str(value)]
+    return flags
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Stable short id of a config (sorted keys, unset knobs dropped)."""
+    clean = {k: v for k, v in sorted(config.items()) if v is not None}
+    return hashlib.sha256(json.dumps(clean, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------- SLA
+
+Metric = Literal["ttft", "itl", "tpot", "e2e"]
+_SLA_TERM = re.compile(r"^\s*(ttft|itl|tpot|e2e)_p(\d{1,2}(?:\.\d+)?)\s*(?:<=|<)\s*([0-9.]+)\s*(ms|s)?\s*$")
+_SLA_ERR = re.compile(r"^\s*errors?\s*(?:<=|<)\s*([0-9.]+)\s*(%)?\s*$")
+
+
+class SLATerm(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    metric: Metric
+    quantile: float = Field(gt=0, lt=100, description="percentile, e.g. 99 for p99")
+    max_ms: float = Field(gt=0)
+
+    def __str__(self) -> str:
+        q = int(self.quantile) if float(self.quantile).is_integer() else self.quantile
+        return f"{self.metric}_p{q}<={self.max_ms:g}ms"
+
+
+class SLA(BaseModel):
+    """Latency bounds at quantiles plus a maximum error rate. Parse with ``SLA.parse``."""
+    model_config = ConfigDict(frozen=True)
+    terms: tuple[SLATerm, ...]
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+
+    @classmethod
+    def parse(cls, text: str) -> "SLA":
+        """Parse 'ttft_p99<=2000ms,tpot_p99<=80ms,errors<=1%'."""
+        terms: list[SLATerm] = []
+        max_err = 0.01
+        for part in [p for p in text.split(",") if p.strip()]:
+            m = _SLA_TERM.match(part)
+            if m:
+                metric, q, v, unit = m.groups()
+                ms = float(v) * (1000.0 if unit == "s" else 1.0)
+                terms.append(SLATerm(metric=metric, quantile=float(q), max_ms=ms))
+                continue
+            m = _SLA_ERR.match(part)
+            if m:
+                v, pct = m.groups()
+                max_err = float(v) / 100.0 if pct else float(v)
+                continue
+            raise SpecError(f"cannot parse SLA term {part.strip()!r}; expected e.g. 'ttft_p99<=2000ms' "
+                            "(metrics: ttft, itl, tpot, e2e) or 'errors<=1%'")
+        if not terms:
+            raise SpecError("an SLA needs at least one latency term, e.g. 'ttft_p99<=2000ms'")
+        return cls(terms=tuple(terms), max_error_rate=max_err)
+
+    def __str__(self) -> str:
+        return ",".join([str(t) for t in self.terms] + [f"errors<={self.max_error_rate * 100:g}%"])
+
+
+# ---------------------------------------------------------------- endpoint
+
+EngineKind = Literal["emulator", "sglang", "modal", "external"]
+LogFormat = Literal["auto", "openai", "mooncake", "azure", "burstgpt"]
+
+
+class Hardware(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpu: str = Field(description="GPU type from the emulator's catalog, e.g. H200")
+    count: int = Field(default=1, ge=1, le=64, description="GPUs in the deployment")
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    logs: list[str] = Field(default_factory=list, description="log files or directories, relative to the spec file")
+    format: LogFormat = "auto"
+    mode: Literal["capacity", "shape", "both"] = "capacity"
+
+
+class EndpointSpec(BaseModel):
+    """One served model deployment with its SLA, hardware, traffic and current server config."""
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    model: str = Field(description="model card name from the emulator catalog, or a HF model path for SGLang")
+    hardware: Hardware
+    sla: SLA
+    server_config: dict[str, Any] = Field(default_factory=dict)
+    workload: Workload = Field(default_factory=Workload)
+    engine: EngineKind = "emulator"
+    url: str | None = Field(default=None, description="base URL of an existing endpoint (engine: external)")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="engine-specific settings")
+    source_path: str | None = Field(default=None, exclude=True)
+
+    @field_validator("sla", mode="before")
+    @classmethod
+    def _parse_sla(cls, v: Any) -> Any:
+        return SLA.parse(v) if isinstance(v, str) else v
+
+    @field_validator("server_config")
+    @classmethod
+    def _check_config(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return validate_server_config(v)
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> "EndpointSpec":
+        if self.engine == "external" and not self.url:
+            raise SpecError(f"endpoint {self.name!r}: engine 'external' needs a url")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.hardware.count
+
+    def log_paths(self) -> list[Path]:
+        base = Path(self.source_path).parent if self.source_path else Path.cwd()
+        return [(base / p).resolve() for p in self.workload.logs]
+
+
+def load_endpoint(path: str | Path) -> EndpointSpec:
+    """Read an endpoint spec from YAML or JSON; errors name the file and the field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"endpoint spec {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"endpoint spec {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"endpoint spec {path} must be a mapping")
+    try:
+        spec = EndpointSpec.model_validate(data)
+    except (ValueError, SpecError) as e:
+        raise SpecError(f"endpoint spec {path}: {e}") from None
+    return spec.model_copy(update={"source_path": str(path.resolve())})
+
+
+def load_server_config(path: str | Path) -> dict[str, Any]:
+    """Read a candidate server config file (YAML/JSON mapping of knob → value, or {server_config: {...}})."""
+    path = Path(path)
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if isinstance(data, dict) and "server_config" in data:
+        data = data["server_config"]
+    if not isinstance(data, dict):
+        raise SpecError(f"config file {path} must be a mapping of knob names to values")
+    try:
+        return validate_server_config(data)
+    except SpecError as e:
+        raise SpecError(f"config file {path}: {e}") from None
+
+
+def discover_endpoints(directory: str | Path) -> list[EndpointSpec]:
+    """All endpoint specs (*.yaml, *.yml, *.json) in a directory, sorted by name."""
+    specs = [load_endpoint(p) for p in sorted(Path(directory).glob("*.y*ml")) + sorted(Path(directory).glob("*.json"))]
+    names = [s.name for s in specs]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise SpecError(f"duplicate endpoint names in {directory}: {sorted(dupes)}")
+    return sorted(specs, key=lambda s: s.name)
+
+
+@dataclass
+class Budget:
+    """Limits for a campaign or one experiment."""
+    max_runs_per_arm: int = 20
+    initial_runs_per_arm: int = 5
+    max_wall_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs the test suite: starts a throwaway PostgreSQL cluster for the Postgres storage test,
+# runs pytest, and always stops the cluster (by its own pid, never by name).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${VENV:-.venv}/bin/python
+if [ -x scripts/pg.sh ]; then
+  eval "$(bash scripts/pg.sh start)" || { echo "could not start PostgreSQL" >&2; exit 1; }
+  trap 'bash scripts/pg.sh stop "$AUTORESEARCH_PG_DIR"' EXIT
+fi
+"$PY" -m pytest "$@"
