@@ -1,0 +1,187 @@
+"""Owns the statistics of experiments: the noise floor of repeated runs and the A/B verdict rules.
+
+Pure functions over run-level numbers (one capacity per independent run); no I/O.
+
+Bootstrap choice: ``scipy.stats.bootstrap`` with the BCa interval (95%, 10,000 resamples, whole
+runs resampled within each arm, seeded), as methods.md §1 recommends. Capacities are quantised by
+the capacity search, so BCa can be undefined (all resampled statistics equal, or a jackknife with
+no spread); then the percentile interval is used, and when every run of an arm is identical the
+interval collapses to the point estimate. The method actually used is recorded in the result.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+VerdictName = Literal["better", "same", "worse", "undecided"]
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 10_000
+MIN_MARGIN = 0.02
+RUN_SCHEDULE = (5, 10, 20)  # runs per arm at each stage; undecided at a stage -> the next one
+
+
+@dataclass
+class NoiseFloor:
+    n: int
+    median: float
+    mean: float
+    std: float
+    cv: float  # sample std / mean (ddof=1)
+    ci_low: float  # bootstrap CI of the median
+    ci_high: float
+    confidence: float
+    ci_method: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Verdict:
+    verdict: VerdictName
+    ratio_median: float  # median(candidate) / median(baseline); > 1 means the candidate is better
+    ci_low: float
+    ci_high: float
+    margin: float  # max(min_margin, noise_cv)
+    noise_cv: float
+    n_baseline: int
+    n_candidate: int
+    p_value: float | None  # min(Mann-Whitney U, Kolmogorov-Smirnov) two-sided, as Pinpoint does
+    equivalence_shown: bool  # True only when the CI lies inside [1-margin, 1+margin]
+    underpowered: bool  # stopped without a decision while |ratio-1| >= margin
+    reason: str
+    ci_method: str
+    confidence: float = CONFIDENCE
+    baseline: list[float] = field(default_factory=list)
+    candidate: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _clean(values: Sequence[float], what: str) -> np.ndarray:
+    arr = np.asarray([float(v) for v in values], dtype=float)
+    if arr.ndim != 1 or len(arr) == 0:
+        raise ValueError(f"{what}: need at least one run-level value")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{what}: values must be finite, got {list(values)}")
+    return arr
+
+
+def _bootstrap_ci(samples: tuple[np.ndarray, ...], statistic, *, seed: int,
+                  confidence: float, n_resamples: int) -> tuple[float, float, str]:
+    point = float(statistic(*samples))
+    if all(np.ptp(s) == 0 for s in samples):
+        return point, point, "degenerate"
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = sps.bootstrap(samples, statistic, method=method, n_resamples=n_resamples,
+                                confidence_level=confidence, vectorized=True,
+                                random_state=np.random.default_rng(seed))
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return lo, hi, method
+    return point, point, "degenerate"
+
+
+def _median(x, axis=-1):
+    return np.median(x, axis=axis)
+
+
+def _median_ratio(baseline, candidate, axis=-1):
+    return np.median(candidate, axis=axis) / np.median(baseline, axis=axis)
+
+
+def noise_floor(capacities: Sequence[float], *, seed: int = 0, confidence: float = CONFIDENCE,
+                n_resamples: int = N_RESAMPLES) -> NoiseFloor:
+    """Spread of repeated baseline runs: CV and a bootstrap CI of the median."""
+    arr = _clean(capacities, "noise_floor")
+    if len(arr) < 2:
+        raise ValueError("noise_floor: need at least 2 runs to estimate a spread")
+    mean = float(arr.mean())
+    std = float(arr.std(ddof=1))
+    lo, hi, method = _bootstrap_ci((arr,), _median, seed=seed, confidence=confidence, n_resamples=n_resamples)
+    return NoiseFloor(n=len(arr), median=float(np.median(arr)), mean=mean, std=std,
+                      cv=std / mean if mean > 0 else float("inf"), ci_low=lo, ci_high=hi,
+                      confidence=confidence, ci_method=method)
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, CV and relative range of one quantity across runs (latency quantiles at a reference rate)."""
+    arr = _clean(values, "spread")
+    med = float(np.median(arr))
+    mean = float(arr.mean())
+    cv = float(arr.std(ddof=1) / mean) if len(arr) > 1 and mean > 0 else 0.0
+    rel_range = float(np.ptp(arr) / med) if med > 0 else 0.0
+    return {"n": len(arr), "median": med, "mean": mean, "cv": cv, "rel_range": rel_range,
+            "min": float(arr.min()), "max": float(arr.max())}
+
+
+def _p_value(a: np.ndarray, b: np.ndarray) -> float | None:
+    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0 and a[0] == b[0]):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mwu = sps.mannwhitneyu(a, b, alternative="two-sided").pvalue
+        ks = sps.ks_2samp(a, b).pvalue
+    return float(min(mwu, ks))
+
+
+def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: float,
+            min_margin: float = MIN_MARGIN, seed: int = 0, confidence: float = CONFIDENCE,
+            n_resamples: int = N_RESAMPLES) -> Verdict:
+    """better | same | worse | undecided from run-level capacities (higher is better).
+
+    Statistic: median(candidate)/median(baseline) with a bootstrap CI. Margin = max(min_margin,
+    noise_cv). better: CI entirely above 1+margin; worse: CI entirely below 1-margin; same: CI
+    inside [1-margin, 1+margin]; anything else is undecided (the harness adds runs).
+    """
+    a = _clean(baseline, "verdict baseline")
+    b = _clean(candidate, "verdict candidate")
+    if np.median(a) <= 0:
+        raise ValueError(f"verdict: baseline median must be > 0, got {float(np.median(a))}")
+    if not (noise_cv >= 0 and math.isfinite(noise_cv)):
+        raise ValueError(f"verdict: noise_cv must be a finite number >= 0, got {noise_cv}")
+    margin = max(float(min_margin), float(noise_cv))
+    ratio = float(np.median(b) / np.median(a))
+    lo, hi, method = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=confidence,
+                                   n_resamples=n_resamples)
+    if lo > 1 + margin:
+        name, reason = "better", f"CI [{lo:.4f}, {hi:.4f}] above 1+margin={1 + margin:.4f}"
+    elif hi < 1 - margin:
+        name, reason = "worse", f"CI [{lo:.4f}, {hi:.4f}] below 1-margin={1 - margin:.4f}"
+    elif lo >= 1 - margin and hi <= 1 + margin:
+        name, reason = "same", f"CI [{lo:.4f}, {hi:.4f}] inside 1±{margin:.4f}"
+    else:
+        name, reason = "undecided", f"CI [{lo:.4f}, {hi:.4f}] straddles a margin boundary (1±{margin:.4f})"
+    return Verdict(verdict=name, ratio_median=ratio, ci_low=lo, ci_high=hi, margin=margin,
+                   noise_cv=float(noise_cv), n_baseline=len(a), n_candidate=len(b),
+                   p_value=_p_value(a, b), equivalence_shown=name == "same", underpowered=False,
+                   reason=reason, ci_method=method, confidence=confidence,
+                   baseline=a.tolist(), candidate=b.tolist())
+
+
+def next_stage(runs_per_arm: int, schedule: Sequence[int] = RUN_SCHEDULE) -> int | None:
+    """Runs per arm for the next stage after an undecided verdict at ``runs_per_arm``; None at the cap."""
+    for n in schedule:
+        if n > runs_per_arm:
+            return n
+    return None
+
+
+def stop_undecided(v: Verdict, why: str) -> Verdict:
+    """Close an undecided comparison when the run cap or the budget says stop: "same", not shown."""
+    if v.verdict != "undecided":
+        return v
+    underpowered = abs(v.ratio_median - 1) >= v.margin
+    reason = (f"same (not distinguishable at margin {v.margin:.4f}): {why}; {v.reason}"
+              + ("; underpowered: the point estimate is outside the margin" if underpowered else ""))
+    return Verdict(**{**asdict(v), "verdict": "same", "equivalence_shown": False,
+                      "underpowered": underpowered, "reason": reason})
