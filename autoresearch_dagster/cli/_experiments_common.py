@@ -1,0 +1,73 @@
+"""Owns the options shared by the `noise` and `experiment` commands: endpoint, pool, engine, measurement settings."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from autoresearch_dagster.spec import EndpointSpec, SpecError
+
+
+def add_measure_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint", required=True, help="endpoint spec (YAML/JSON)")
+    p.add_argument("--pool", help="replay pool (directory or parquet); default: built from the endpoint's logs into OUT/pool")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--engine", choices=["emulator", "sglang", "modal", "external"],
+                   help="override the endpoint's engine")
+    p.add_argument("--lake", default="out/lake", help="results lake root (Parquet + analytics.duckdb); default out/lake")
+    p.add_argument("--no-lake", action="store_true", help="do not record runs in the results lake")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced measurement (shorter steps, fewer requests per step, coarser resolution)")
+    p.add_argument("--step-duration", type=float, help="seconds per load step (default 60; --quick 20)")
+    p.add_argument("--min-completed", type=int, help="completed requests needed per step (default 100; --quick 40)")
+    p.add_argument("--resolution", type=float, help="relative capacity resolution (default 0.05)")
+    p.add_argument("--start-rps", type=float, help="first probed arrival rate (default 1.0)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def capacity_settings(args: argparse.Namespace) -> Any:
+    from autoresearch_dagster.measure import CapacitySettings
+
+    s = CapacitySettings(step_duration_s=20.0, min_completed=40, warmup_s=3.0, resolution=0.05) if args.quick \
+        else CapacitySettings()
+    for attr, field in (("step_duration", "step_duration_s"), ("min_completed", "min_completed"),
+                        ("resolution", "resolution"), ("start_rps", "start_rps")):
+        if getattr(args, attr) is not None:
+            setattr(s, field, getattr(args, attr))
+    return s
+
+
+def load_pool(endpoint: EndpointSpec, args: argparse.Namespace, out: Path) -> Any:
+    from autoresearch_dagster.pool import build_pool, read_pool
+
+    if args.pool:
+        if not Path(args.pool).exists():
+            raise SpecError(f"--pool {args.pool} does not exist")
+        return read_pool(args.pool)
+    logs = endpoint.log_paths()
+    if not logs:
+        raise SpecError(f"endpoint {endpoint.name!r} names no logs (workload.logs); pass --pool")
+    missing = [str(p) for p in logs if not p.exists()]
+    if missing:
+        raise SpecError(f"endpoint {endpoint.name!r}: log files not found: {', '.join(missing)}")
+    built = build_pool(logs, endpoint.name, out / "pool", fmt=endpoint.workload.format)
+    return read_pool(built.pool_path)
+
+
+def open_results(args: argparse.Namespace) -> Any:
+    if args.no_lake:
+        return None
+    from autoresearch_dagster.results import open_lake
+
+    return open_lake(args.lake)
+
+
+def write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True, default=str, allow_nan=True)
+    os.replace(tmp, path)
