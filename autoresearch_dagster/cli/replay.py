@@ -1,0 +1,166 @@
+"""Owns `autoresearch replay capacity|shape`: open-loop capacity sweeps and production-shape replays.
+
+Targets: ``--url`` (any OpenAI-compatible endpoint, measured as it is), or ``--engine emulator
+--endpoint FILE`` (the embedded emulator in virtual time) / ``--engine emulator-http`` (its
+real-time HTTP server). Writes DIR/summary.json, DIR/records.parquet, DIR/load_curve.{csv,parquet}
+and DIR/load_curve.png.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from autoresearch_dagster.spec import SLA, SpecError, load_endpoint
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("replay", help="replay a pool open-loop: capacity sweep or production shape",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="replay_cmd", metavar="MODE", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--pool", required=True, help="replay pool (directory or replay_pool.parquet)")
+        sp.add_argument("--url", help="base URL of an OpenAI-compatible endpoint (with or without /v1)")
+        sp.add_argument("--engine", choices=["external", "emulator", "emulator-http"],
+                        help="engine to measure (default: external with --url, else emulator)")
+        sp.add_argument("--endpoint", help="endpoint spec YAML (needed for the emulator engines)")
+        sp.add_argument("--sla", help="SLA, e.g. 'ttft_p99<=3000ms,tpot_p99<=60ms,errors<=1%%' "
+                                      "(default: the endpoint spec's)")
+        sp.add_argument("--out", required=True, help="output directory")
+        sp.add_argument("--model", help="model name to send (default: endpoint spec's, else GET /v1/models)")
+        sp.add_argument("--gpus", type=int, help="GPUs behind the endpoint (default: spec's hardware.count, else 1)")
+        sp.add_argument("--workers", type=int, default=1, help="client worker processes (default 1)")
+        sp.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds (default 120)")
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--api-key-env", help="environment variable holding a Bearer API key")
+        sp.add_argument("--no-flush", action="store_true", help="do not flush the prefix cache before each step")
+
+    cap = sub.add_parser("capacity", help="highest sustained arrival rate meeting the SLA (grow + bisect)")
+    common(cap)
+    cap.add_argument("--step-duration", type=float, default=60.0, help="seconds each load step is held (default 60)")
+    cap.add_argument("--min-completed", type=int, default=100, help="completed requests a step needs (default 100)")
+    cap.add_argument("--resolution", type=float, default=0.05, help="relative resolution of the search (default 0.05)")
+    cap.add_argument("--burstiness", type=float, default=1.0,
+                     help="gamma shape of inter-arrivals: 1 Poisson, <1 burstier (default 1)")
+    cap.add_argument("--start-rps", type=float, default=1.0, help="first step's rate (default 1)")
+    cap.add_argument("--growth", type=float, default=2.0, help="rate multiplier while growing (default 2)")
+    cap.add_argument("--warmup", type=float, default=10.0, help="warm-up seconds before the first step (default 10)")
+    cap.add_argument("--max-steps", type=int, default=20)
+    cap.set_defaults(func=_capacity)
+
+    shp = sub.add_parser("shape", help="production-shaped replay at a speed-up, or search the replay capacity")
+    common(shp)
+    g = shp.add_mutually_exclusive_group()
+    g.add_argument("--speedup", type=float, help="replay this many times faster than the pool's timeline")
+    g.add_argument("--search", action="store_true", help="find the largest speed-up meeting the SLA")
+    shp.add_argument("--interval", type=float, default=60.0, help="seconds per rate interval (pool timeline; default 60)")
+    shp.add_argument("--resolution", type=float, default=0.05)
+    shp.add_argument("--max-steps", type=int, default=12)
+    shp.set_defaults(func=_shape)
+
+
+def _target(args: argparse.Namespace):
+    """(deployment, sla, gpus, model, cleanup) from the command line."""
+    spec = load_endpoint(args.endpoint) if args.endpoint else None
+    engine = args.engine or ("external" if args.url else "emulator")
+    if args.sla:
+        sla = SLA.parse(args.sla)
+    elif spec is not None:
+        sla = spec.sla
+    else:
+        raise SpecError("--sla is required when no --endpoint spec is given")
+    gpus = args.gpus or (spec.gpus if spec else 1)
+    if gpus < 1:
+        raise SpecError(f"--gpus must be >= 1, got {gpus}")
+    if args.workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {args.workers}")
+    if engine == "external":
+        from autoresearch_dagster.loadgen.http_runner import HttpDeployment
+        url = args.url or (spec.url if spec else None)
+        if not url:
+            raise SpecError("--url is required for an external endpoint (or give --engine emulator --endpoint FILE)")
+        dep = HttpDeployment(url, model=args.model, api_key_env=args.api_key_env, workers=args.workers)
+        if not dep.health():
+            raise SpecError(f"{url} is not answering (GET /health and /v1/models failed)")
+        model = args.model or dep.served_model()
+        return dep, sla, gpus, model, dep.close
+    if spec is None:
+        raise SpecError(f"--engine {engine} needs --endpoint FILE")
+    try:
+        from autoresearch_dagster.engines.emulator import EmulatorEngine
+    except ImportError as e:
+        raise SpecError(f"the emulator engine is not available in this build: {e}") from None
+    emu = EmulatorEngine(spec, mode="http" if engine == "emulator-http" else "virtual")
+    dep = emu.deploy(dict(spec.server_config), seed=args.seed)
+    if args.workers != 1 and hasattr(dep, "settings"):
+        dep.settings.workers = args.workers
+    return dep, sla, gpus, args.model or spec.model, dep.close
+
+
+def _pool(path: str):
+    from autoresearch_dagster.pool import read_pool
+    try:
+        return read_pool(path)
+    except FileNotFoundError as e:
+        raise SpecError(str(e)) from None
+
+
+def _capacity(args: argparse.Namespace) -> int:
+    from autoresearch_dagster.loadgen import outputs
+    from autoresearch_dagster.measure import CapacitySettings, find_capacity
+
+    pool = _pool(args.pool)
+    out = Path(args.out)
+    settings = CapacitySettings(step_duration_s=args.step_duration, min_completed=args.min_completed,
+                                start_rps=args.start_rps, growth=args.growth, resolution=args.resolution,
+                                warmup_s=args.warmup, burstiness=args.burstiness, max_steps=args.max_steps,
+                                request_timeout_s=args.timeout, flush_cache=not args.no_flush)
+    dep, sla, gpus, model, close = _target(args)
+    try:
+        result = find_capacity(dep, pool, sla, gpus=gpus, model=model, settings=settings, seed=args.seed,
+                               progress=outputs.ConsoleProgress())
+    finally:
+        close()
+    summary = {**result.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash,
+               "target": args.url or args.endpoint, "engine": args.engine or ("external" if args.url else "emulator"),
+               "model": model, "gpus": gpus}
+    outputs.write_records(result.outcomes, out / "records.parquet")
+    outputs.write_load_curve(summary["steps"], out)
+    outputs.plot_load_curve(summary["steps"], out / "load_curve.png", capacity=result.capacity_rps, sla=str(sla))
+    outputs.write_summary(summary, out / "summary.json")
+    state = "valid" if result.valid else "INVALID: " + "; ".join(result.invalid_reasons)
+    print(f"capacity {result.capacity_rps:.4g} req/s ({result.capacity_rps_per_gpu:.4g} per GPU) at {sla} "
+          f"in {summary['n_steps']} steps; {state}; outputs in {out}")
+    return 0 if result.valid else 1
+
+
+def _shape(args: argparse.Namespace) -> int:
+    from autoresearch_dagster.loadgen import outputs
+    from autoresearch_dagster.measure import run_shape
+
+    pool = _pool(args.pool)
+    out = Path(args.out)
+    dep, sla, gpus, model, close = _target(args)
+    try:
+        result = run_shape(dep, pool, sla, gpus=gpus, model=model, speedup=args.speedup, search=args.search,
+                           interval_s=args.interval, seed=args.seed, request_timeout_s=args.timeout,
+                           resolution=args.resolution, max_steps=args.max_steps, flush_cache=not args.no_flush,
+                           progress=outputs.ConsoleProgress(unit="speedup"))
+    finally:
+        close()
+    summary = {**result.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash,
+               "target": args.url or args.endpoint, "model": model, "gpus": gpus}
+    outputs.write_records(result.outcomes, out / "records.parquet")
+    outputs.write_load_curve(summary["steps"], out)
+    outputs.write_intervals(result.intervals, out)
+    outputs.plot_load_curve(summary["steps"], out / "load_curve.png", capacity=result.replay_capacity,
+                            sla=str(sla), x_label="speed-up", title="Production-shape replay")
+    outputs.plot_intervals(result.intervals, out / "intervals.png", sla=str(sla), speedup=result.speedup)
+    outputs.write_summary(summary, out / "summary.json")
+    ok = sum(1 for i in result.intervals if i["meets_sla"])
+    judged = sum(1 for i in result.intervals if i["meets_sla"] is not None)
+    cap = f"replay capacity x{result.replay_capacity:.3g}; " if result.replay_capacity is not None else ""
+    state = "valid" if result.valid else "INVALID: " + "; ".join(result.invalid_reasons)
+    print(f"{cap}at x{result.speedup:.3g}: {ok}/{judged} intervals met {sla}; {state}; outputs in {out}")
+    return 0 if result.valid else 1

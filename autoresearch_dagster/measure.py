@@ -1,0 +1,439 @@
+"""Owns load-step statistics, the capacity search and the production-shape replay.
+
+Everything here works on ``StepOutcome`` records through the ``Deployment`` protocol only
+(``run_step`` and the admin methods), so the same code measures the emulator's virtual-time engine,
+its HTTP server, a local SGLang or any OpenAI-compatible URL.
+
+- ``summarize_step``: one load step → offered/achieved rate, p50/p95/p99 TTFT/ITL/TPOT/E2E, error
+  rate, goodput (req/s meeting every SLA term), queue growth, validity.
+- ``find_capacity``: warm-up, then load steps whose rate grows geometrically until the SLA breaks,
+  bisection to a relative resolution, and a re-confirmation of the final point on a fresh schedule.
+  Capacity = the highest confirmed rate meeting the SLA. Invalid steps never count as passing.
+- ``run_shape``: the pool's production shape at a speed-up; per-interval SLA attainment; replay
+  capacity = the largest speed-up meeting the SLA (same grow + bisect search); autoscaling report
+  from the engine's ``replicas`` timeseries when it has one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from scipy import stats as sstats
+
+from autoresearch_dagster.engines.base import Deployment
+from autoresearch_dagster.loadgen.records import RequestRecord, StepOutcome
+from autoresearch_dagster.loadgen.schedule import build_schedule, interval_counts, poisson_offsets, shape_offsets
+from autoresearch_dagster.spec import SLA, SLATerm
+
+_QUANTILES = {"p50": 50, "p95": 95, "p99": 99}
+
+
+@dataclass
+class LoadStep:
+    step_id: str
+    rate_rps: float  # the rate (or speed-up, for shape replays) this step was asked to offer
+    offered_rps: float  # what the schedule actually offered over its window
+    achieved_rps: float  # completed ok / (first send .. last completion)
+    n_sent: int
+    n_ok: int
+    n_failed: int
+    n_timeout: int
+    ttft_ms: dict[str, float | None]
+    itl_ms: dict[str, float | None]
+    tpot_ms: dict[str, float | None]
+    e2e_ms: dict[str, float | None]
+    error_rate: float
+    goodput_rps: float
+    meets_sla: bool
+    failed_terms: list[str]
+    queue_growth: bool
+    valid: bool
+    invalid_reasons: list[str]
+    duration_s: float = 0.0
+    send_lag_p99_ms: float | None = None
+    sla_attainment: float = 0.0  # fraction of sent requests that met every SLA term
+    kind: str = "capacity"  # capacity | confirm | warmup | shape
+
+    @property
+    def passed(self) -> bool:
+        return self.valid and self.meets_sla
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+
+def _pcts(values: list[float] | np.ndarray) -> dict[str, float | None]:
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return {k: None for k in _QUANTILES}
+    return {k: float(np.percentile(arr, q)) * 1e3 for k, q in _QUANTILES.items()}
+
+
+def _metric_values(records: list[RequestRecord], metric: str) -> np.ndarray:
+    if metric == "ttft":
+        return np.asarray([r.ttft_s for r in records if r.ttft_s is not None], dtype=float)
+    if metric == "e2e":
+        return np.asarray([r.e2e_s for r in records if r.e2e_s is not None], dtype=float)
+    if metric == "tpot":
+        return np.asarray([t for r in records if (t := r.tpot_s) is not None], dtype=float)
+    if metric == "itl":
+        return np.asarray([g for r in records for g in r.itl_s], dtype=float)
+    raise ValueError(f"unknown SLA metric {metric!r}")
+
+
+def _request_meets(r: RequestRecord, term: SLATerm) -> bool:
+    """Per-request reading of an SLA term (for goodput): the request's own value within the bound."""
+    bound = term.max_ms / 1e3
+    if term.metric == "ttft":
+        return r.ttft_s is not None and r.ttft_s <= bound
+    if term.metric == "e2e":
+        return r.e2e_s is not None and r.e2e_s <= bound
+    if term.metric == "tpot":
+        t = r.tpot_s
+        return t is None or t <= bound  # single-token outputs have no TPOT to violate
+    if not r.itl_s:  # itl: the request's own gaps at the term's quantile
+        return True
+    return float(np.percentile(r.itl_s, term.quantile)) <= bound
+
+
+def good_request(r: RequestRecord, sla: SLA) -> bool:
+    return r.status == "ok" and all(_request_meets(r, t) for t in sla.terms)
+
+
+def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> bool:
+    """Completion lagging arrivals: the in-flight count keeps rising over the step's window.
+
+    In-flight is sampled over the second half of the arrival window (the first half is the queue
+    filling to its steady level); growth = a significant positive slope that adds at least half of
+    the mean in-flight count, or at least two requests, across that stretch.
+    """
+    lo, hi = window
+    if hi - lo <= 0 or len(records) < 20:
+        return False
+    starts = np.sort([r.sent_s for r in records])
+    ends = np.sort([r.end_s if (r.end_s is not None and r.status != "timeout") else math.inf for r in records])
+    ts = np.linspace(lo + (hi - lo) / 2, hi, 40)
+    inflight = np.searchsorted(starts, ts, side="right") - np.searchsorted(ends, ts, side="right")
+    if np.ptp(inflight) == 0:
+        return False
+    fit = sstats.linregress(ts, inflight)
+    rise = fit.slope * (ts[-1] - ts[0])
+    return bool(fit.slope > 0 and fit.pvalue < 0.01 and rise >= max(2.0, 0.5 * float(np.mean(inflight))))
+
+
+def summarize_step(outcome: StepOutcome, sla: SLA, *, rate_rps: float, min_completed: int = 0,
+                   kind: str = "capacity") -> LoadStep:
+    recs = outcome.records
+    n = len(recs)
+    ok = [r for r in recs if r.status == "ok"]
+    n_timeout = sum(1 for r in recs if r.status == "timeout")
+    n_failed = n - len(ok) - n_timeout
+    sched = sorted(r.scheduled_s for r in recs)
+    window = (sched[0], sched[-1]) if sched else (0.0, 0.0)
+    span = window[1] - window[0]
+    offered = (n - 1) / span if n > 1 and span > 0 else float(rate_rps)
+    ends = [r.end_s for r in ok if r.end_s is not None]
+    sends = [r.sent_s for r in recs]
+    busy_span = (max(ends) - min(sends)) if ends and sends else 0.0
+    achieved = len(ok) / busy_span if busy_span > 0 else 0.0
+    error_rate = (n - len(ok)) / n if n else 0.0
+
+    failed_terms: list[str] = []
+    for term in sla.terms:
+        vals = _metric_values(ok, term.metric)
+        if vals.size == 0:
+            failed_terms.append(f"{term} (no samples)")
+        elif float(np.percentile(vals, term.quantile)) * 1e3 > term.max_ms:
+            failed_terms.append(f"{term} (measured {float(np.percentile(vals, term.quantile)) * 1e3:.1f}ms)")
+    if error_rate > sla.max_error_rate:
+        failed_terms.append(f"errors<={sla.max_error_rate * 100:g}% (measured {error_rate * 100:.2f}%)")
+    growth = _queue_growth(recs, window)
+    if growth:
+        failed_terms.append("queue growth (completions lag arrivals)")
+
+    n_good = sum(1 for r in ok if good_request(r, sla))
+    invalid = list(outcome.client_invalid_reasons)
+    if not failed_terms and len(ok) < min_completed:
+        invalid.append(f"only {len(ok)} completed requests < minimum {min_completed}: too few to judge the quantiles")
+    return LoadStep(
+        step_id=outcome.step_id, rate_rps=float(rate_rps), offered_rps=float(offered), achieved_rps=float(achieved),
+        n_sent=n, n_ok=len(ok), n_failed=n_failed, n_timeout=n_timeout,
+        ttft_ms=_pcts(_metric_values(ok, "ttft")), itl_ms=_pcts(_metric_values(ok, "itl")),
+        tpot_ms=_pcts(_metric_values(ok, "tpot")), e2e_ms=_pcts(_metric_values(ok, "e2e")),
+        error_rate=float(error_rate), goodput_rps=n_good / span if span > 0 else 0.0,
+        meets_sla=not failed_terms, failed_terms=failed_terms, queue_growth=growth,
+        valid=not invalid, invalid_reasons=invalid, duration_s=float(outcome.duration_s),
+        send_lag_p99_ms=outcome.meta.get("send_lag_p99_ms"),
+        sla_attainment=n_good / n if n else 0.0, kind=kind,
+    )
+
+
+# ---------------------------------------------------------------- grow + bisect search
+
+def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: float, resolution: float,
+                max_steps: int) -> tuple[float, int]:
+    """Highest passing value of a monotone pass/fail probe; returns (value, probes used).
+
+    Grows ``start`` by ``growth`` until a probe fails (or shrinks it until one passes), bisects
+    until (hi - lo) <= resolution * lo, then re-probes the final pass with ``kind='confirm'``;
+    a failed confirmation lowers the bracket and bisection resumes. 0.0 when nothing passed.
+    """
+    if growth <= 1 or resolution <= 0 or start <= 0:
+        raise ValueError("need growth > 1, resolution > 0 and start > 0")
+    used = 0
+    lo, hi = 0.0, math.inf
+    passes: list[float] = []
+
+    def run(x: float, kind: str) -> bool:
+        nonlocal used
+        used += 1
+        return probe(x, kind)
+
+    x = start
+    while used < max_steps:  # bracket
+        if run(x, "capacity"):
+            lo = x
+            passes.append(x)
+            if hi < math.inf:
+                break
+            x *= growth
+        else:
+            hi = x
+            if lo > 0:
+                break
+            x /= growth
+            if x < start / growth ** 6:  # nothing passes even far below the start: capacity ~ 0
+                return 0.0, used
+    while used < max_steps and lo > 0 and hi < math.inf:
+        if hi - lo > resolution * lo:
+            mid = (lo + hi) / 2
+            if run(mid, "capacity"):
+                lo = mid
+                passes.append(mid)
+            else:
+                hi = mid
+            continue
+        if run(lo, "confirm"):
+            return lo, used
+        hi = lo
+        below = [p for p in passes if p < lo]
+        lo = max(below) if below else lo / growth
+        passes = [p for p in passes if p < hi]
+    return (lo if hi < math.inf or lo > 0 else 0.0), used
+
+
+# ---------------------------------------------------------------- capacity
+
+@dataclass
+class CapacitySettings:
+    step_duration_s: float = 60.0
+    min_completed: int = 100
+    start_rps: float = 1.0
+    growth: float = 2.0
+    resolution: float = 0.05
+    warmup_s: float = 10.0
+    burstiness: float = 1.0
+    max_steps: int = 20
+    request_timeout_s: float = 120.0
+    flush_cache: bool = True
+
+
+@dataclass
+class CapacityResult:
+    capacity_rps: float
+    capacity_rps_per_gpu: float
+    steps: list[LoadStep]
+    valid: bool
+    invalid_reasons: list[str]
+    outcomes: list[StepOutcome] = field(default_factory=list, repr=False)
+    sla: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"capacity_rps": self.capacity_rps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
+                "steps": [s.to_dict() for s in self.steps], "valid": self.valid,
+                "invalid_reasons": self.invalid_reasons, "sla": self.sla, "settings": self.settings,
+                "n_steps": len([s for s in self.steps if s.kind != "warmup"])}
+
+
+def _step_duration(rate: float, s: CapacitySettings) -> float:
+    """Hold long enough for the duration AND the minimum number of completed requests (10% headroom)."""
+    return max(s.step_duration_s, 1.1 * s.min_completed / rate)
+
+
+def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: str,
+                  settings: CapacitySettings | None = None, seed: int = 0,
+                  progress: Callable[[LoadStep], None] | None = None) -> CapacityResult:
+    s = settings or CapacitySettings()
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    steps: list[LoadStep] = []
+    outcomes: list[StepOutcome] = []
+    cursor = [0]  # pool position: each step replays the next requests of the pool
+
+    def execute(rate: float, duration: float, kind: str, min_completed: int) -> LoadStep:
+        k = len(steps)
+        step_seed = seed * 1000 + k
+        if s.flush_cache:
+            deployment.flush_cache()
+        offsets = poisson_offsets(rate, duration, seed=step_seed, burstiness=s.burstiness)
+        sched = build_schedule(pool, offsets, model=model, seed=step_seed, start_index=cursor[0])
+        cursor[0] += len(sched)
+        outcome = deployment.run_step(sched, step_id=f"{kind}{k:02d}-{rate:.4g}rps", timeout_s=s.request_timeout_s)
+        step = summarize_step(outcome, sla, rate_rps=rate, min_completed=min_completed, kind=kind)
+        steps.append(step)
+        outcomes.append(outcome)
+        if progress:
+            progress(step)
+        return step
+
+    if s.warmup_s > 0:
+        execute(s.start_rps, s.warmup_s, "warmup", 0)
+
+    def probe(rate: float, kind: str) -> bool:
+        return execute(rate, _step_duration(rate, s), kind, s.min_completed).passed
+
+    capacity, _ = grow_bisect(probe, start=s.start_rps, growth=s.growth, resolution=s.resolution,
+                              max_steps=s.max_steps)
+    measured = [st for st in steps if st.kind != "warmup"]
+    reasons = [f"{st.step_id}: {r}" for st in measured for r in st.invalid_reasons]
+    confirmed = any(st.kind == "confirm" and st.passed and math.isclose(st.rate_rps, capacity) for st in measured)
+    if capacity > 0 and not confirmed:
+        reasons.append(f"search stopped after {s.max_steps} steps before confirming a capacity")
+    return CapacityResult(capacity_rps=capacity, capacity_rps_per_gpu=capacity / gpus, steps=steps,
+                          valid=not reasons, invalid_reasons=reasons, outcomes=outcomes, sla=str(sla),
+                          settings=asdict(s))
+
+
+def linear_ramp_steps(capacity: float, *, start: float, resolution: float) -> int:
+    """Steps a linear ramp from ``start`` needs to locate ``capacity`` to ``resolution`` (for comparison)."""
+    increment = resolution * capacity
+    return int(math.ceil(max(capacity - start, 0.0) / increment)) + 1
+
+
+# ---------------------------------------------------------------- production shape
+
+@dataclass
+class ShapeResult:
+    speedup: float | None  # the speed-up replayed (the confirmed replay capacity when searching)
+    replay_capacity: float | None  # largest speed-up meeting the SLA (None unless searched)
+    meets_sla: bool
+    intervals: list[dict[str, Any]]  # per replay interval: target rate, sent, ok, attainment, p99s, meets_sla
+    steps: list[LoadStep]
+    valid: bool
+    invalid_reasons: list[str]
+    autoscaling: dict[str, Any] | None
+    outcomes: list[StepOutcome] = field(default_factory=list, repr=False)
+    sla: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replay_capacity": self.replay_capacity, "speedup": self.speedup, "meets_sla": self.meets_sla,
+                "intervals": self.intervals, "steps": [s.to_dict() for s in self.steps], "valid": self.valid,
+                "invalid_reasons": self.invalid_reasons, "autoscaling": self.autoscaling, "sla": self.sla}
+
+
+def interval_attainment(outcome: StepOutcome, sla: SLA, *, replay_interval_s: float,
+                        target_counts: list[int], speedup: float) -> list[dict[str, Any]]:
+    """Per replay interval: target rate, requests sent/ok, SLA attainment and the interval's own verdict."""
+    rows = []
+    buckets: dict[int, list[RequestRecord]] = {}
+    for r in outcome.records:
+        buckets.setdefault(int(r.scheduled_s // replay_interval_s), []).append(r)
+    for k, target in enumerate(target_counts):
+        recs = buckets.get(k, [])
+        ok = [r for r in recs if r.status == "ok"]
+        good = sum(1 for r in ok if good_request(r, sla))
+        ttft = _metric_values(ok, "ttft")
+        tpot = _metric_values(ok, "tpot")
+        meets = bool(recs) and all(
+            (v := _metric_values(ok, t.metric)).size > 0 and float(np.percentile(v, t.quantile)) * 1e3 <= t.max_ms
+            for t in sla.terms) and (len(recs) - len(ok)) / len(recs) <= sla.max_error_rate
+        rows.append({
+            "interval": k, "start_s": k * replay_interval_s, "target_rps": target / replay_interval_s,
+            "original_rps": target / (replay_interval_s * speedup), "sent": len(recs), "ok": len(ok),
+            "attainment": good / len(recs) if recs else None,
+            "ttft_p99_ms": float(np.percentile(ttft, 99)) * 1e3 if ttft.size else None,
+            "tpot_p99_ms": float(np.percentile(tpot, 99)) * 1e3 if tpot.size else None,
+            "meets_sla": meets if recs else None,
+        })
+    return rows
+
+
+def autoscaling_report(timeseries: list[dict[str, Any]], intervals: list[dict[str, Any]], *,
+                       replay_interval_s: float, gpus_per_replica: int) -> dict[str, Any] | None:
+    """GPU-seconds used and how fast replicas followed bursts, from a ``replicas`` timeseries.
+
+    A burst is an interval whose target rate is at least 1.5x the previous one; its follow time is
+    how long after the interval started the replica count first rose above its level at that start
+    (None when it never rose before the replay ended). Returns None when the engine reports no replicas.
+    """
+    pts = sorted((float(r["t_s"]), float(r["replicas"])) for r in timeseries if "replicas" in r and "t_s" in r)
+    if len(pts) < 2:
+        return None
+    t = np.asarray([p[0] for p in pts])
+    rep = np.asarray([p[1] for p in pts])
+    gpu_seconds = float(np.sum(rep[:-1] * np.diff(t))) * gpus_per_replica
+    follows = []
+    for prev, cur in zip(intervals, intervals[1:]):
+        if prev["target_rps"] > 0 and cur["target_rps"] >= 1.5 * prev["target_rps"]:
+            start = cur["start_s"]
+            level = rep[max(0, int(np.searchsorted(t, start, side="right")) - 1)]
+            later = np.nonzero((t >= start) & (rep > level))[0]
+            follows.append({"interval": cur["interval"], "start_s": start,
+                            "follow_s": float(t[later[0]] - start) if later.size else None})
+    followed = [f["follow_s"] for f in follows if f["follow_s"] is not None]
+    return {"gpu_seconds": gpu_seconds, "replicas_min": float(rep.min()), "replicas_max": float(rep.max()),
+            "bursts": follows, "median_follow_s": float(np.median(followed)) if followed else None,
+            "bursts_not_followed": len(follows) - len(followed)}
+
+
+def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: str, speedup: float | None = None,
+              search: bool = False, interval_s: float = 60.0, seed: int = 0, request_timeout_s: float = 120.0,
+              growth: float = 2.0, resolution: float = 0.05, max_steps: int = 12, flush_cache: bool = True,
+              gpus_per_replica: int | None = None,
+              progress: Callable[[LoadStep], None] | None = None) -> ShapeResult:
+    if not search and speedup is None:
+        speedup = 1.0
+    arrivals = [float(r.arrival_s) for r in pool.iter_requests("serving")]
+    _, counts = interval_counts(arrivals, interval_s)
+    steps: list[LoadStep] = []
+    outcomes: list[StepOutcome] = []
+    details: dict[float, tuple[StepOutcome, LoadStep]] = {}
+
+    def replay(x: float, kind: str) -> LoadStep:
+        k = len(steps)
+        if flush_cache:
+            deployment.flush_cache()
+        offsets = shape_offsets(pool, speedup=x, interval_s=interval_s, seed=seed * 1000 + k)
+        sched = build_schedule(pool, offsets, model=model, seed=seed * 1000 + k, aligned=True)
+        outcome = deployment.run_step(sched, step_id=f"shape{k:02d}-x{x:.4g}", timeout_s=request_timeout_s)
+        step = summarize_step(outcome, sla, rate_rps=x, kind="shape" if kind == "capacity" else kind)
+        steps.append(step)
+        outcomes.append(outcome)
+        details[x] = (outcome, step)
+        if progress:
+            progress(step)
+        return step
+
+    replay_capacity = None
+    if search:
+        replay_capacity, _ = grow_bisect(lambda x, kind: replay(x, kind).passed, start=speedup or 1.0,
+                                         growth=growth, resolution=resolution, max_steps=max_steps)
+        chosen = replay_capacity if replay_capacity and replay_capacity in details else None
+        if chosen is None:  # nothing passed: report the slowest replay tried
+            chosen = min(details)
+        speedup = chosen
+    else:
+        replay(speedup, "capacity")
+    outcome, step = details[speedup]
+    replay_interval = interval_s / speedup
+    intervals = interval_attainment(outcome, sla, replay_interval_s=replay_interval, target_counts=counts,
+                                    speedup=speedup)
+    auto = autoscaling_report(outcome.engine_timeseries, intervals, replay_interval_s=replay_interval,
+                              gpus_per_replica=gpus_per_replica or gpus)
+    reasons = [f"{st.step_id}: {r}" for st in steps for r in st.invalid_reasons]
+    return ShapeResult(speedup=speedup, replay_capacity=replay_capacity, meets_sla=step.meets_sla,
+                       intervals=intervals, steps=steps, valid=not reasons, invalid_reasons=reasons,
+                       autoscaling=auto, outcomes=outcomes, sla=str(sla))
