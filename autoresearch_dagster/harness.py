@@ -631,7 +631,7 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
         raise EngineError(f"engine {getattr(engine, 'name', engine)!r} cannot restart with a new config: "
                           "it measures baselines only")
     schedule = schedule_from_budget(budget)
-    deadline = time.monotonic() + budget.max_wall_s if budget and budget.max_wall_s else None
+    deadline = time.monotonic() + budget.max_wall_s if budget and budget.max_wall_s is not None else None
     baseline_config, candidate_config = dict(baseline_config), dict(candidate_config)
     res = ExperimentResult(experiment_id=experiment_id or f"e-{uuid.uuid4().hex[:12]}", endpoint=endpoint.name,
                            campaign_id=campaign.campaign_id if campaign else None, kind=kind, parent_id=parent_id,

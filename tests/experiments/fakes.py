@@ -1,13 +1,14 @@
 """Test doubles for the harness: an Engine/Deployment pair with a known true capacity per config.
 
-A fake deployment serves every request instantly-fast below its capacity and far over the SLA
-above it, so RUNNER's real capacity search (``measure.find_capacity``) finds the capacity up to
+A fake deployment serves every request fast below its capacity and far over the SLA above it
+(judging the step's nominal rate from RUNNER's step id, so Poisson sampling adds no noise), so RUNNER's real capacity search (``measure.find_capacity``) finds the capacity up to
 its resolution. Each deployment's capacity is the config's true capacity times a seeded lognormal
 factor (run-to-run noise). Faults are injected per config: crash, drift, client lag, warm-up errors.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -49,6 +50,9 @@ class FakeDeployment:
         offs = [s.send_offset_s for s in schedule]
         span = max(offs) - min(offs) if len(offs) > 1 else 0.0
         rate = (len(offs) - 1) / span if span > 0 else 0.0
+        named = re.search(r"-([0-9.]+)rps$", step_id)  # RUNNER names capacity steps by their nominal rate
+        if named:
+            rate = float(named.group(1))
         slow = rate > self.capacity
         lag = 0.5 if self.faults.lag else 0.0
         fail = self.faults.warmup_errors and step_id.startswith("warmup")

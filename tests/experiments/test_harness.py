@@ -1,0 +1,208 @@
+"""The harness end to end over fake engines with known true capacities, and RUNNER's real capacity search."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoresearch_dagster import harness
+from autoresearch_dagster.harness import HarnessSettings, measure_noise, run_ablation, run_experiment, start_campaign
+from autoresearch_dagster.measure import CapacitySettings
+from autoresearch_dagster.results import open_lake
+from autoresearch_dagster.spec import Budget, EndpointSpec
+
+from .fakes import Faults, FakeEngine, make_pool
+
+BASE = 10.0
+FAST = CapacitySettings(step_duration_s=20, min_completed=5, warmup_s=0, resolution=0.01, start_rps=1.0)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    return make_pool(tmp_path_factory.mktemp("pool"))
+
+
+@pytest.fixture
+def endpoint():
+    return EndpointSpec(name="demo", model="m", hardware={"gpu": "H200", "count": 2},
+                        sla="ttft_p99<=1000ms,errors<=1%", server_config={"schedule_policy": "fcfs"})
+
+
+def cap_of(gains: dict[tuple[str, object], float]):
+    def f(config):
+        c = BASE
+        for (k, v), g in gains.items():
+            if config.get(k) == v:
+                c *= g
+        return c
+    return f
+
+
+def settings(**kw):
+    return HarnessSettings(capacity=FAST, warmup_requests=4, **kw)
+
+
+def test_clear_gain_is_better_confirmed_with_abab_order_and_recorded(endpoint, pool, tmp_path):
+    lake = open_lake(tmp_path / "lake")
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.25}), noise_cv=0.01)
+    camp = start_campaign(endpoint, pool, results=lake, engine_name="fake")
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         results=lake, settings=settings(), campaign=camp)
+    assert res.verdict == "better" and res.confirmed
+    assert 1.15 < res.stats.ratio_median < 1.35
+    arms = [r.arm for r in res.runs]
+    assert arms == ["baseline", "candidate"] * (len(arms) // 2)  # ABAB
+    assert len({r.seed for r in res.runs}) == len(res.runs)  # a fresh seed per run
+    assert {r.purpose for r in res.runs} == {"experiment", "confirmation"}
+    assert all(d.closed for _, _, d in eng.deployments)  # every deployment torn down
+    d = res.to_dict()
+    assert d["runs_baseline"] == d["runs_candidate"] == 10 and d["lossy"] is False and d["correctness"] is None
+    assert lake.query("SELECT count(*) FROM runs WHERE experiment_id = ?", [res.experiment_id]) == [(20,)]
+    assert lake.query("SELECT verdict, confirmed FROM experiments") == [("better", True)]
+    assert lake.query("SELECT count(*) > 0 FROM load_steps") == [(True,)]
+    assert lake.query("SELECT count(DISTINCT stage) FROM verdicts") == [(2,)]
+    assert lake.query("SELECT engine_version FROM runs LIMIT 1") == [("fake-1.0",)]
+
+
+def test_clear_loss_is_worse_without_confirmation(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 0.75}), noise_cv=0.01)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings())
+    assert res.verdict == "worse" and not res.confirmed
+    assert res.runs_baseline == res.runs_candidate == 5
+    assert {r.purpose for r in res.runs} == {"experiment"}
+
+
+def test_no_effect_is_same(endpoint, pool):
+    eng = FakeEngine(cap_of({}), noise_cv=0.002)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(), noise_cv=0.01)
+    assert res.verdict == "same" and res.noise_source == "noise_baseline"
+    assert res.stats.equivalence_shown and res.stats.margin == pytest.approx(0.02)
+
+
+def test_undecided_adds_runs_then_stops_at_the_cap_as_same(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.02}), noise_cv=0.06)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=6))
+    stages = [s["stage"] for s in res.stages]
+    assert stages[:2] == ["n=3", "n=6"] and stages[-1] == "stopped"
+    assert res.verdict == "same" and "run cap of 6" in res.reason and not res.stats.equivalence_shown
+    assert res.runs_baseline == res.runs_candidate == 6
+
+
+def test_wall_budget_stop_is_same_with_the_reason(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.02}), noise_cv=0.06)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), budget=Budget(max_wall_s=0.0))
+    assert res.verdict == "invalid" and "fewer than 2 valid runs" in res.invalid_reasons[0]
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_wall_s=0.6))
+    assert res.verdict in ("same", "better", "worse")
+    if res.verdict == "same":
+        assert "budget" in res.reason or "run cap" in res.reason
+
+
+@pytest.mark.parametrize("faults, needle", [
+    (Faults(crash_deploy=True), "crash: EngineError"),
+    (Faults(crash_step=True), "crash: RuntimeError"),
+    (Faults(lag=True), "client schedule lag"),
+    (Faults(warmup_errors=True), "failed warm-up"),
+])
+def test_candidate_faults_make_runs_and_then_the_experiment_invalid(endpoint, pool, faults, needle):
+    eng = FakeEngine(cap_of({}), faults_of=lambda c: faults if c.get("schedule_policy") == "lpm" else Faults())
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(max_invalid_per_arm=2))
+    assert res.verdict == "invalid"
+    bad = [r for r in res.runs if not r.valid]
+    assert len(bad) == 3 and all(r.arm == "candidate" for r in bad)
+    assert any(needle in x for x in res.invalid_reasons), res.invalid_reasons
+    assert all(any(needle in x for x in r.invalid_reasons) for r in bad)
+
+
+def test_config_drift_is_invalid_at_once(endpoint, pool):
+    eng = FakeEngine(cap_of({}), faults_of=lambda c: Faults(drift={"chunked_prefill_size": 4096})
+                     if c.get("chunked_prefill_size") == 2048 else Faults())
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "fcfs", "chunked_prefill_size": 2048},
+                         pool, engine=eng, settings=settings())
+    assert res.verdict == "invalid" and len(res.runs) == 2
+    assert "config drift: chunked_prefill_size resolved to 4096, requested 2048" in res.invalid_reasons
+
+
+def test_one_crash_is_retried_and_does_not_count(endpoint, pool):
+    crashed = []
+
+    def faults(c):
+        if c.get("schedule_policy") == "lpm" and not crashed:
+            crashed.append(1)
+            return Faults(crash_deploy=True)
+        return Faults()
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 0.7}), faults_of=faults, noise_cv=0.01)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings())
+    assert res.verdict == "worse" and len(res.runs) == 11 and res.runs_candidate == 5
+
+
+def test_lossy_candidate_runs_the_correctness_gate_first(endpoint, pool, monkeypatch):
+    import autoresearch_dagster.correctness as correctness
+
+    calls = []
+
+    class Gate:
+        def __init__(self, passed):
+            self.passed = passed
+
+        def to_dict(self):
+            return {"passed": self.passed, "kl_mean": 0.5, "reasons": ["kl too high"] if not self.passed else []}
+
+    monkeypatch.setattr(correctness, "emulated_gate", lambda b, c, seed=0, **kw: calls.append((b, c)) or Gate(False))
+    eng = FakeEngine(cap_of({}))
+    eng.name = "emulator"
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "fcfs", "kv_cache_dtype": "fp8_e4m3"},
+                         pool, engine=eng, settings=settings())
+    assert res.lossy and res.verdict == "invalid" and res.runs == []
+    assert calls and res.correctness["passed"] is False and "kl too high" in res.invalid_reasons[0]
+    monkeypatch.setattr(correctness, "emulated_gate", lambda b, c, seed=0, **kw: Gate(True))
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "fcfs", "kv_cache_dtype": "fp8_e4m3"},
+                         pool, engine=eng, settings=settings())
+    assert res.verdict == "same" and res.correctness["passed"] is True
+
+
+def test_noise_measurement_and_campaign_reuse(endpoint, pool, tmp_path):
+    lake = open_lake(tmp_path / "lake")
+    eng = FakeEngine(cap_of({}), noise_cv=0.03)
+    camp = start_campaign(endpoint, pool, results=lake)
+    assert start_campaign(endpoint, pool, results=lake).campaign_id == camp.campaign_id
+    other = endpoint.model_copy(update={"sla": endpoint.sla.parse("ttft_p99<=500ms")})
+    assert start_campaign(other, pool, results=lake).campaign_id != camp.campaign_id
+    res = measure_noise(endpoint, endpoint.server_config, pool, engine=eng, runs=5, results=lake,
+                        settings=settings(), campaign=camp)
+    d = res.to_dict()
+    assert d["runs"] == 5 and len(d["capacities"]) == 5 and 0.0 < d["capacity_cv"] < 0.15
+    assert d["ci_low"] <= d["median"] <= d["ci_high"]
+    assert d["reference_rps"] == pytest.approx(0.8 * res.runs[0].capacity_rps)
+    assert "ttft_p99_ms" in d["latency_spread"]
+    json.dumps(d)
+    row = lake.query("SELECT runs, capacity_cv, engine_version FROM noise")[0]
+    assert row[0] == 5 and row[1] == pytest.approx(d["capacity_cv"]) and row[2] == "fake-1.0"
+    with pytest.raises(ValueError, match="at least 5"):
+        measure_noise(endpoint, {}, pool, engine=eng, runs=3)
+
+
+def test_ablation_says_which_change_carries_the_gain(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.25}), noise_cv=0.01)
+    res = run_ablation(endpoint, endpoint.server_config,
+                       {"policy": {"schedule_policy": "lpm"}, "chunk": {"chunked_prefill_size": 4096}},
+                       pool, engine=eng, settings=settings(confirm=False), noise_cv=0.01)
+    assert res.combined.verdict == "better"
+    assert res.attribution["policy"]["role"] == "carries gain"
+    assert res.attribution["chunk"]["role"] == "no effect"
+    assert "gain carried by: policy" in res.summary
+    assert res.combined.kind == "ablation:combined" and res.leave_outs["chunk"].parent_id == res.combined.parent_id
+
+
+def test_external_engine_is_refused_for_experiments(endpoint, pool):
+    eng = FakeEngine(cap_of({}))
+    eng.restartable = False
+    with pytest.raises(harness.EngineError, match="baselines only"):
+        run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng)
