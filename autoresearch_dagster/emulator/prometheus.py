@@ -17,8 +17,6 @@ ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.
                0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.010, 0.020, 0.030, 0.040, 0.050, 0.060, 0.080, 0.100, 0.150, 0.200, 0.300,
                 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
-QUEUE_BUCKETS = (0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300,
-                 400, 500, 600, 1200, 1800, 2400)
 
 _HELP = {
     "sglang:num_running_reqs": "The number of running requests.",
@@ -39,7 +37,6 @@ _HELP = {
     "sglang:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
     "sglang:e2e_request_latency_seconds": "Histogram of End-to-end request latency in seconds",
     "sglang:request_time_per_output_token_seconds": "Histogram of time per output token in seconds.",
-    "sglang:queue_time_seconds": "Histogram of queueing time in seconds.",
     "sglang:http_requests_total": "Total number of HTTP requests received.",
     "sglang:http_requests_active": "Number of HTTP requests being served.",
 }
