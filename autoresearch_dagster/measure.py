@@ -36,6 +36,7 @@ class LoadStep:
     rate_rps: float  # the rate (or speed-up, for shape replays) this step was asked to offer
     offered_rps: float  # what the schedule actually offered over its window
     achieved_rps: float  # completed ok / (first send .. last completion)
+    # goodput_rps: requests meeting every SLA term / the same span (so goodput <= achieved)
     n_sent: int
     n_ok: int
     n_failed: int
@@ -162,7 +163,7 @@ def summarize_step(outcome: StepOutcome, sla: SLA, *, rate_rps: float, min_compl
         n_sent=n, n_ok=len(ok), n_failed=n_failed, n_timeout=n_timeout,
         ttft_ms=_pcts(_metric_values(ok, "ttft")), itl_ms=_pcts(_metric_values(ok, "itl")),
         tpot_ms=_pcts(_metric_values(ok, "tpot")), e2e_ms=_pcts(_metric_values(ok, "e2e")),
-        error_rate=float(error_rate), goodput_rps=n_good / span if span > 0 else 0.0,
+        error_rate=float(error_rate), goodput_rps=n_good / busy_span if busy_span > 0 else 0.0,
         meets_sla=not failed_terms, failed_terms=failed_terms, queue_growth=growth,
         valid=not invalid, invalid_reasons=invalid, duration_s=float(outcome.duration_s),
         send_lag_p99_ms=outcome.meta.get("send_lag_p99_ms"),

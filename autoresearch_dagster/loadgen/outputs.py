@@ -88,9 +88,10 @@ def plot_load_curve(steps: list[dict[str, Any]], path: Path, *, capacity: float 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = sorted((s for s in steps if s.get("kind") != "warmup"), key=lambda s: s["rate_rps"])
+    xkey = "rate_rps" if x_label == "speed-up" else "offered_rps"
+    pts = sorted((s for s in steps if s.get("kind") != "warmup"), key=lambda s: s[xkey])
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    xs = [s["rate_rps"] for s in pts]
+    xs = [s[xkey] for s in pts]
     for ax, metric, name in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
         for q, style in (("p50", "-o"), ("p95", "--s"), ("p99", ":^")):
             ys = [s[metric][q] if s[metric][q] is not None else math.nan for s in pts]
@@ -98,13 +99,14 @@ def plot_load_curve(steps: list[dict[str, Any]], path: Path, *, capacity: float 
         ax.set_ylabel(name)
     axes[2].plot(xs, [s["achieved_rps"] for s in pts], "-o", label="achieved (completed)", markersize=4)
     axes[2].plot(xs, [s["goodput_rps"] for s in pts], "--s", label="goodput (met SLA)", markersize=4)
-    axes[2].plot(xs, [s["offered_rps"] for s in pts], ":", color="grey", label="offered")
+    if xkey == "offered_rps":
+        axes[2].plot(xs, xs, ":", color="grey", label="offered")
     axes[2].set_ylabel("requests/s")
     for ax in axes:
         ax.set_xlabel(x_label)
         for s in pts:
             if not s.get("passed", False):
-                ax.axvspan(s["rate_rps"] * 0.995, s["rate_rps"] * 1.005, color="red", alpha=0.15)
+                ax.axvspan(s[xkey] * 0.995, s[xkey] * 1.005, color="red", alpha=0.15)
         if capacity:
             ax.axvline(capacity, color="green", linestyle="--", label=f"capacity {capacity:.3g}")
         ax.grid(alpha=0.3)

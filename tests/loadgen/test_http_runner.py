@@ -9,7 +9,7 @@ from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSetti
 from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
 from autoresearch_dagster.measure import summarize_step
 from autoresearch_dagster.spec import SLA
-from tests.loadgen.helpers import FaultServer, ServerProcess, make_pool
+from .helpers import FaultServer, ServerProcess, make_pool
 
 FAULTS = ["ok", "FAULT:500", "FAULT:429", "FAULT:reset", "FAULT:hang", "FAULT:slowfirst", "FAULT:malformed",
           "FAULT:truncjson", "FAULT:errormid", "FAULT:hangmid"]

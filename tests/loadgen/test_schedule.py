@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets, shape_offsets
-from tests.loadgen.helpers import FakePool, FakePoolRequest
+from .helpers import FakePool, FakePoolRequest
 
 
 def _cv(offsets):
