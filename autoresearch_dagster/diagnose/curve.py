@@ -32,7 +32,9 @@ def _term_of(failed: str) -> str:
     for t in ("ttft", "itl", "tpot", "e2e"):
         if t in s:
             return t
-    return "errors" if "err" in s else s
+    if "err" in s:
+        return "errors"
+    return "queue" if "queue" in s else s
 
 
 @dataclass
@@ -41,7 +43,7 @@ class CurveAnalysis:
     capacity_rps: float | None
     knee_rps: float | None  # highest rate that met the SLA
     break_rps: float | None  # lowest rate that missed it
-    first_broken: list[str]  # SLA terms missed at break_rps (ttft, itl, tpot, e2e, errors)
+    first_broken: list[str]  # SLA terms missed at break_rps (ttft, itl, tpot, e2e, errors, queue)
     low_rps: float | None
     ttft_growth: float | None  # p50 TTFT at break (or heaviest) / at the lightest step
     tpot_growth: float | None
@@ -73,7 +75,8 @@ def _headroom(step: Any, sla: SLA | None) -> dict[str, float]:
 
 def analyze_curve(capacity: Any, sla: SLA | None = None) -> CurveAnalysis:
     steps_raw = list(_get(capacity, "steps", capacity) or [])
-    steps = sorted([s for s in steps_raw if _get(s, "valid", True)], key=lambda s: float(_get(s, "rate_rps", 0.0)))
+    steps = sorted([s for s in steps_raw if _get(s, "valid", True) and _get(s, "kind", "capacity") != "warmup"],
+                   key=lambda s: float(_get(s, "rate_rps", 0.0)))
     cap = _get(capacity, "capacity_rps") if not isinstance(capacity, list) else None
     if not steps:
         return CurveAnalysis(0, cap, None, None, [], None, None, None, None, None, None, {}, {}, "none")
@@ -94,7 +97,7 @@ def analyze_curve(capacity: Any, sla: SLA | None = None) -> CurveAnalysis:
     offered, achieved = _get(ref, "offered_rps"), _get(ref, "achieved_rps")
     if brk is None:
         regime = "none"
-    elif first and all(t == "errors" for t in first):
+    elif first and all(t in ("errors",) for t in first):
         regime = "errors"
     elif (pg or 1.0) >= 1.5 and (tg or 1.0) < 3.0 * (pg or 1.0):
         regime = "per_token"

@@ -169,12 +169,18 @@ def analyze_timeseries(samples: Iterable[dict[str, Any] | str], resolved_config:
     mrr = cfg.get("max_running_requests")
     gbs = cfg.get("cuda_graph_max_bs_decode")
     at_cap = above = None
-    if run is not None:
-        busy = run[run > 0]
-        if mrr:
-            at_cap = float(np.mean(run >= 0.95 * float(mrr)))
-        if gbs and busy.size:
+    if run is not None and mrr:
+        at_cap = float(np.mean(run >= 0.95 * float(mrr)))
+    # The decode batch itself when the engine reports it; the running count is an upper bound of it.
+    dbs = _series(rows, "decode_batch_size")
+    dbs = dbs if dbs is not None else run
+    if dbs is not None and gbs:
+        busy = dbs[dbs > 0]
+        if busy.size:
             above = float(np.mean(busy > float(gbs)))
+    eager, graph = _delta(rows, "eager_passes_total"), _delta(rows, "cuda_graph_passes_total")
+    if eager is not None and graph is not None and eager + graph > 0:
+        above = eager / (eager + graph)
     return EngineStats(
         n_samples=len(rows),
         queue_mean=float(q.mean()) if q is not None else None,

@@ -274,8 +274,10 @@ def _rank_profile(events: list[dict], source: str, rank: dict[str, Any]) -> Rank
         breakdown["cpu_scheduling"] = idle  # GPU idle inside the active window: the host was not feeding it
         hist = np.histogram(gaps, bins=np.array(GAP_BINS_US))[0].tolist() if gaps.size else [0] * (len(GAP_BINS_US) - 1)
         launch = float(gaps[gaps < LAUNCH_GAP_US].sum()) / window if window > 0 else 0.0
-        cpu_busy = _union((e["ts"], e["ts"] + e["dur"]) for e in _top_level(
-            [e for e in cpu if e.get("cat") in ("cpu_op", "python_function")]))
+        # Host work: operators and scheduler annotations; step annotations span the GPU work and are left out.
+        host = [e for e in cpu if e.get("cat") in ("cpu_op", "python_function")]
+        host += [e for e in complete if e.get("cat") == "user_annotation" and _step_kind([e["name"]]) == "unknown"]
+        cpu_busy = _union((e["ts"], e["ts"] + e["dur"]) for e in _top_level(host))
         overlap = _intersection_length(cpu_busy, busy) / _length(cpu_busy) if cpu_busy and _length(cpu_busy) > 0 else None
         idle_frac = idle / window if window > 0 else 0.0
         busy_us = _length(busy)
