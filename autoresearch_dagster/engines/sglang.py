@@ -1,0 +1,345 @@
+"""Owns the 'sglang' engine: a local SGLang server launched as a subprocess with the config as flags.
+
+``deploy(config, seed)`` validates the config (the KNOBS table, then SGLang's own argument parser
+when sglang is installed), launches ``python -m sglang.launch_server --model-path ... --host
+127.0.0.1 --port <free> --enable-metrics --enable-cache-report --random-seed <seed>`` plus
+``launch_flags(config)`` in its own process group, keeps the server log and the command in a run
+directory, waits for ``/health`` (and ``/ready``), reads ``/server_info`` and refuses a server
+whose resolved config differs from what was asked (config drift names the knob). The result is
+the runner's ``HttpDeployment`` whose ``close()`` also stops the process group (SIGTERM, then
+SIGKILL after a grace period).
+
+``endpoint.engine_options`` (all optional):
+  model_path         model directory or HF id (default: the endpoint's ``model``)
+  python             interpreter with sglang installed (default: this one)
+  launch_command     argv (list or string) replacing ``[python, -m, sglang.launch_server]``;
+                     tests point it at ``python -m autoresearch_dagster.tinymodel``
+  extra_args         further flags appended verbatim
+  env                extra environment variables for the server (values are not logged)
+  startup_timeout_s  how long to wait for health (default 900)
+  stop_grace_s       SIGTERM-to-SIGKILL grace (default 30)
+  run_dir            where per-deployment directories go (default ``out/sglang-runs/<endpoint>``)
+  served_model_name, api_key_env, workers, validate (run SGLang's parser first; default true)
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import weakref
+from pathlib import Path
+from typing import Any
+
+from autoresearch_dagster.engines.base import EngineError
+from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
+from autoresearch_dagster.spec import EndpointSpec, SpecError, config_hash, launch_flags, validate_server_config
+
+SGLANG_PYTHON_ENV = "AUTORESEARCH_SGLANG_PYTHON"
+
+_PARSER_SCRIPT = r"""
+import contextlib, io, json, sys
+argv = json.loads(sys.stdin.read())
+try:
+    from sglang.srt.server_args import prepare_server_args
+except ImportError as e:
+    print(json.dumps({"installed": False, "error": str(e)}))
+    sys.exit(0)
+errors = []
+err = io.StringIO()
+try:
+    with contextlib.redirect_stderr(err):
+        args = prepare_server_args(argv)
+    algo = getattr(args, "speculative_algorithm", None)
+    if algo:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        SpeculativeAlgorithm.from_string(algo)
+except SystemExit:
+    lines = [l for l in err.getvalue().splitlines() if "error:" in l]
+    errors.append(lines[-1].strip() if lines else err.getvalue().strip()[-500:] or "argument parsing failed")
+except Exception as e:
+    errors.append(f"{type(e).__name__}: {e}")
+print(json.dumps({"installed": True, "errors": errors}))
+"""
+
+
+def _sglang_python(python: str | None) -> str | None:
+    if python:
+        return python
+    if os.environ.get(SGLANG_PYTHON_ENV):
+        return os.environ[SGLANG_PYTHON_ENV]
+    return sys.executable if importlib.util.find_spec("sglang") is not None else None
+
+
+def validate_with_sglang_parser(config: dict[str, Any], model_path: str, *, extra_args: list[str] | None = None,
+                                python: str | None = None, timeout_s: float = 180.0) -> list[str] | None:
+    """Errors SGLang's own parser reports for this config ([] when valid); None when sglang is not installed.
+
+    The parser (``sglang.srt.server_args.prepare_server_args``) runs on CPU in a child interpreter:
+    ``python`` if given, else ``$AUTORESEARCH_SGLANG_PYTHON``, else this one when it has sglang. It
+    parses and checks the speculative algorithm's name; it does not resolve defaults (that needs
+    the model's config and happens at server start, which ``/server_info`` then reports).
+    """
+    try:
+        argv = ["--model-path", model_path] + launch_flags(config) + list(extra_args or [])
+    except SpecError as e:
+        return [str(e)]
+    exe = _sglang_python(python)
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "-c", _PARSER_SCRIPT], input=json.dumps(argv), capture_output=True, text=True,
+                              timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"could not run SGLang's argument parser with {exe}: {e}") from None
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    try:
+        out = json.loads(last)
+    except ValueError:
+        raise EngineError(f"SGLang's argument parser crashed under {exe}: {proc.stderr.strip()[-500:]}") from None
+    if not out.get("installed"):
+        return None
+    return list(out["errors"])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0, b""
+
+
+def _same(got: Any, want: Any) -> bool:
+    if got == want or str(got) == str(want):
+        return True
+    aliases = {"bf16": "bfloat16"}
+    if isinstance(want, str) and isinstance(got, str) and aliases.get(want, want) == aliases.get(got, got):
+        return True
+    numeric = (int, float)
+    return (isinstance(got, numeric) and isinstance(want, numeric) and not isinstance(got, bool)
+            and not isinstance(want, bool) and math.isclose(float(got), float(want), rel_tol=1e-9))
+
+
+def config_drift(requested: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
+    """One message per knob the config set whose resolved value (``/server_info``) differs."""
+    out = []
+    for name, want in validate_server_config(requested).items():
+        if want is None:
+            continue
+        if name not in resolved:
+            out.append(f"{name}: requested {want!r}, not reported by /server_info")
+        elif not _same(resolved[name], want):
+            out.append(f"{name}: requested {want!r}, server resolved {resolved[name]!r}")
+    return out
+
+
+class ServerProcess:
+    """A launched server's process group; ``stop()`` sends SIGTERM to the group, then SIGKILL."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str], log_path: Path, grace_s: float):
+        self.argv, self.log_path, self.grace_s = argv, log_path, grace_s
+        self._log = open(log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
+        except OSError as e:
+            self._log.close()
+            raise EngineError(f"could not start the server ({argv[0]}): {e}") from None
+        self.pgid = os.getpgid(self.proc.pid)
+        self._finalizer = weakref.finalize(self, _kill_group, self.pgid, self.proc, self._log)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n_chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n_chars:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> int | None:
+        """Stop the whole process group; returns the server's exit code."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            _stop_group(self.pgid, self.proc, self.grace_s)
+            self._log.close()
+        return self.proc.returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_group(pgid: int, proc: subprocess.Popen, grace_s: float) -> None:
+    _signal_group(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(pgid, signal.SIGKILL)  # also reaps children the server left in its group
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _kill_group(pgid: int, proc: subprocess.Popen, log) -> None:
+    _stop_group(pgid, proc, 0.0)
+    log.close()
+
+
+class SGLangDeployment(HttpDeployment):
+    """The runner's HTTP deployment of a server this engine started; closing it stops the server."""
+
+    def __init__(self, base_url: str, process: ServerProcess, run_dir: Path, info: dict[str, Any], **kwargs: Any):
+        super().__init__(base_url, **kwargs)
+        self.process = process
+        self.run_dir = run_dir
+        self.startup_info = info
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            code = self.process.stop()
+            (self.run_dir / "exit_code").write_text(f"{code}\n")
+
+
+class SGLangEngine:
+    name = "sglang"
+    restartable = True
+
+    def __init__(self, endpoint: EndpointSpec, *, run_dir: str | Path | None = None, api_key_env: str | None = None,
+                 workers: int = 1, settings: RunnerSettings | None = None) -> None:
+        self.endpoint = endpoint
+        self.opts = dict(endpoint.engine_options)
+        self.model_path = str(self.opts.get("model_path") or endpoint.model)
+        self.python = self.opts.get("python")
+        self.host = str(self.opts.get("host", "127.0.0.1"))
+        self.startup_timeout_s = float(self.opts.get("startup_timeout_s", 900))
+        self.stop_grace_s = float(self.opts.get("stop_grace_s", 30))
+        self.api_key_env = api_key_env or self.opts.get("api_key_env")
+        self.model = self.opts.get("served_model_name")
+        self.workers = int(self.opts.get("workers", workers))
+        self.settings = settings
+        self.run_root = Path(run_dir or self.opts.get("run_dir") or Path("out") / "sglang-runs" / endpoint.name)
+        self._version: str | None = None
+
+    # ---------------------------------------------------------------- command
+    def base_command(self) -> list[str]:
+        custom = self.opts.get("launch_command")
+        if custom:
+            return shlex.split(custom) if isinstance(custom, str) else [str(a) for a in custom]
+        return [self.python or sys.executable, "-m", "sglang.launch_server"]
+
+    def launch_command(self, config: dict[str, Any], *, port: int, seed: int = 0) -> list[str]:
+        """The full argv for a config (validated against KNOBS; SpecError names a bad knob)."""
+        cmd = self.base_command() + ["--model-path", self.model_path, "--host", self.host, "--port", str(port),
+                                     "--enable-metrics", "--enable-cache-report", "--random-seed", str(seed)]
+        if self.model:
+            cmd += ["--served-model-name", str(self.model)]
+        return cmd + launch_flags(config) + [str(a) for a in self.opts.get("extra_args", [])]
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (self.opts.get("env") or {}).items()})
+        return env
+
+    # ---------------------------------------------------------------- deploy
+    def deploy(self, config: dict[str, Any], *, seed: int = 0) -> SGLangDeployment:
+        config = validate_server_config(dict(config))
+        if self.opts.get("validate", not self.opts.get("launch_command")):
+            errors = validate_with_sglang_parser(config, self.model_path,
+                                                 extra_args=[str(a) for a in self.opts.get("extra_args", [])],
+                                                 python=self.python)
+            if errors:
+                raise EngineError("SGLang's argument parser rejects this config: " + "; ".join(errors))
+        port = int(self.opts["port"]) if self.opts.get("port") else free_port(self.host)
+        argv = self.launch_command(config, port=port, seed=seed)
+        run_dir = self.run_root / f"{time.strftime('%Y%m%dT%H%M%S')}-{config_hash(config)}-s{seed}-p{port}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(run_dir / "launch.json", {"argv": argv, "config": config, "seed": seed, "port": port,
+                                               "env_keys": sorted((self.opts.get("env") or {}).keys())})
+        proc = ServerProcess(argv, env=self._env(), log_path=run_dir / "server.log", grace_s=self.stop_grace_s)
+        base_url = f"http://{self.host}:{port}"
+        try:
+            self._wait_healthy(proc, base_url)
+            status, body = _http_get(base_url + "/server_info", timeout=30)
+            if status != 200:
+                raise EngineError(f"{base_url}/server_info answered HTTP {status}")
+            info = json.loads(body)
+            _write_json(run_dir / "server_info.json", info)
+            drift = config_drift(config, info)
+            if drift:
+                raise EngineError("config drift: " + "; ".join(drift))
+            self._version = str(info.get("version") or self._version or "unknown")
+            dep = SGLangDeployment(base_url, proc, run_dir, info, model=self.model, api_key_env=self.api_key_env,
+                                   workers=self.workers, settings=self.settings)
+        except BaseException:
+            proc.stop()
+            raise
+        return dep
+
+    def _wait_healthy(self, proc: ServerProcess, base_url: str) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            if not proc.alive():
+                raise EngineError(f"the server exited with code {proc.proc.returncode} before becoming healthy; "
+                                  f"log {proc.log_path}:\n{proc.log_tail()}")
+            status, _ = _http_get(base_url + "/health", timeout=25)
+            if status == 200:
+                ready, _ = _http_get(base_url + "/ready", timeout=10)
+                if ready in (200, 404):  # /ready is newer than /health; older servers lack it
+                    return
+            if time.monotonic() > deadline:
+                raise EngineError(f"the server did not become healthy within {self.startup_timeout_s:g} s; "
+                                  f"log {proc.log_path}:\n{proc.log_tail()}")
+            time.sleep(0.25)
+
+    def version(self) -> str:
+        """The version the last deployment reported, else the installed sglang package's, else 'unknown'."""
+        if self._version:
+            return self._version
+        exe = _sglang_python(self.python)
+        if exe == sys.executable:
+            try:
+                return importlib.metadata.version("sglang")
+            except importlib.metadata.PackageNotFoundError:
+                return "unknown"
+        if exe:
+            out = subprocess.run([exe, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+                                 capture_output=True, text=True, timeout=60)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        return "unknown"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)

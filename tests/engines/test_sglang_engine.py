@@ -1,0 +1,153 @@
+"""The sglang engine's process management, end to end against a fake SGLang launcher (no GPU).
+
+The fake launcher is the tiny torch model's server run as ``python -m autoresearch_dagster.tinymodel``:
+it takes SGLang's launch flags, serves /health, /ready, /server_info and OpenAI streaming, and
+resolves one knob combination the way SGLang 0.5.23 does (NGRAM turns mixed chunking off).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from autoresearch_dagster.engines.base import EngineError
+from autoresearch_dagster.engines.sglang import SGLangEngine, config_drift, validate_with_sglang_parser
+from autoresearch_dagster.loadgen.records import ScheduledRequest
+from autoresearch_dagster.spec import EndpointSpec, SpecError
+
+FAKE = [sys.executable, "-m", "autoresearch_dagster.tinymodel"]
+
+
+def _endpoint(tmp_path, **opts) -> EndpointSpec:
+    options = {"launch_command": FAKE, "model_path": "tiny", "run_dir": str(tmp_path / "runs"),
+               "startup_timeout_s": 60, "stop_grace_s": 5}
+    options.update(opts)
+    return EndpointSpec(name="tiny", model="tiny", hardware={"gpu": "H200", "count": 1},
+                        sla="ttft_p99<=3000ms", engine="sglang", engine_options=options)
+
+
+def _gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_launch_command_is_built_from_knobs(tmp_path):
+    eng = SGLangEngine(_endpoint(tmp_path, launch_command=None, python="/opt/py/bin/python",
+                                 extra_args=["--log-level", "warning"]))
+    cmd = eng.launch_command({"chunked_prefill_size": 4096, "enable_mixed_chunk": True, "disable_radix_cache": False,
+                              "kv-cache-dtype": "fp8_e4m3", "max_running_requests": None}, port=31000, seed=7)
+    assert cmd[:3] == ["/opt/py/bin/python", "-m", "sglang.launch_server"]
+    joined = " ".join(cmd)
+    for part in ["--model-path tiny", "--host 127.0.0.1", "--port 31000", "--enable-metrics", "--enable-cache-report",
+                 "--random-seed 7", "--chunked-prefill-size 4096", "--kv-cache-dtype fp8_e4m3", "--log-level warning"]:
+        assert part in joined
+    assert "--enable-mixed-chunk" in cmd and "--disable-radix-cache" not in cmd
+    assert "--max-running-requests" not in cmd  # unset knobs are left to the server
+    assert cmd.index("--log-level") > cmd.index("--kv-cache-dtype")  # extra args come last
+    with pytest.raises(SpecError, match="schedule_policy"):
+        eng.launch_command({"schedule_policy": "priority"}, port=1)
+
+
+def test_config_drift_names_the_knob():
+    assert config_drift({"chunked_prefill_size": 4096, "kv_cache_dtype": "bf16"},
+                        {"chunked_prefill_size": 4096.0, "kv_cache_dtype": "bfloat16"}) == []
+    drift = config_drift({"max_running_requests": 64, "page_size": 16}, {"max_running_requests": 48})
+    assert len(drift) == 2 and drift[0].startswith("max_running_requests") and "48" in drift[0]
+    assert "page_size" in drift[1] and "not reported" in drift[1]
+
+
+def test_deploy_runs_a_real_server_process_and_close_kills_its_group(tmp_path):
+    eng = SGLangEngine(_endpoint(tmp_path))
+    dep = eng.deploy({"chunked_prefill_size": 4096, "kv_cache_dtype": "fp8_e4m3"}, seed=3)
+    pgid = dep.process.pgid
+    try:
+        assert dep.process.alive() and not _gone(pgid)
+        info = dep.server_info()
+        assert info["chunked_prefill_size"] == 4096 and info["random_seed"] == 3
+        assert "kv-fp8-e4m3" in info["numerics"]  # the launch flags reached the server and changed its numerics
+        assert eng.version() == "tinymodel-1"
+        files = {p.name for p in dep.run_dir.iterdir()}
+        assert {"launch.json", "server.log", "server_info.json"} <= files
+        launch = json.loads((dep.run_dir / "launch.json").read_text())
+        assert "--kv-cache-dtype" in launch["argv"] and launch["seed"] == 3
+        body = {"prompt": "hello tiny", "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True},
+                "temperature": 0}
+        sched = [ScheduledRequest(f"r{i}", 0.05 * i, "completions", body, prompt_tokens=10, output_tokens=4)
+                 for i in range(3)]
+        out = dep.run_step(sched, step_id="s0", timeout_s=30)
+        assert [r.status for r in out.records] == ["ok"] * 3
+        assert all(r.output_tokens == 4 and r.ttft_s is not None for r in out.records)
+    finally:
+        dep.close()
+    assert _gone(pgid)
+    assert (dep.run_dir / "exit_code").exists()
+    assert "tinymodel serving" in (dep.run_dir / "server.log").read_text()
+
+
+def test_drift_refuses_the_deployment_and_stops_the_server(tmp_path):
+    eng = SGLangEngine(_endpoint(tmp_path))
+    with pytest.raises(EngineError, match=r"config drift: enable_mixed_chunk: requested True, server resolved False"):
+        eng.deploy({"speculative_algorithm": "NGRAM", "enable_mixed_chunk": True})
+    launch = json.loads(next((tmp_path / "runs").glob("*/launch.json")).read_text())
+    assert "--enable-mixed-chunk" in launch["argv"]
+    info = json.loads(next((tmp_path / "runs").glob("*/server_info.json")).read_text())
+    assert info["enable_mixed_chunk"] is False
+
+
+def test_server_that_exits_early_reports_its_log(tmp_path):
+    crash = [sys.executable, "-c", "import sys; print('CUDA out of memory (pretend)'); sys.exit(3)"]
+    eng = SGLangEngine(_endpoint(tmp_path, launch_command=crash))
+    with pytest.raises(EngineError, match=r"(?s)exited with code 3.*CUDA out of memory"):
+        eng.deploy({})
+
+
+def test_startup_timeout_kills_a_server_that_ignores_sigterm(tmp_path):
+    stubborn = [sys.executable, "-c",
+                "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); time.sleep(120)"]
+    pidfile = tmp_path / "pid"
+    eng = SGLangEngine(_endpoint(tmp_path, launch_command=stubborn, startup_timeout_s=1.5, stop_grace_s=0.5,
+                                 env={"PIDFILE": str(pidfile)}))
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="did not become healthy within 1.5 s"):
+        eng.deploy({})
+    assert time.monotonic() - t0 < 20
+    pid = int(pidfile.read_text())
+    assert _gone(pid)  # the server was its own group leader: SIGKILL reached it after the grace period
+
+
+def test_parser_validation_without_sglang_or_with_a_bad_knob(tmp_path):
+    assert validate_with_sglang_parser({"schedule_policy": "priority"}, "m")[0].startswith("knob 'schedule_policy'")
+    if importlib.util.find_spec("sglang") is None and not os.environ.get("AUTORESEARCH_SGLANG_PYTHON"):
+        assert validate_with_sglang_parser({"chunked_prefill_size": 4096}, "m") is None
+        assert SGLangEngine(_endpoint(tmp_path)).version() == "unknown"
+
+
+def _sglang_python() -> str | None:
+    if os.environ.get("AUTORESEARCH_SGLANG_PYTHON"):
+        return os.environ["AUTORESEARCH_SGLANG_PYTHON"]
+    return sys.executable if importlib.util.find_spec("sglang") is not None else None
+
+
+@pytest.mark.skipif(_sglang_python() is None,
+                    reason="sglang is not installed here and AUTORESEARCH_SGLANG_PYTHON is unset "
+                           "(scripts/sglang_parser_extra.sh builds a parser venv)")
+def test_real_sglang_parser_accepts_valid_and_rejects_invalid_configs():
+    py = _sglang_python()
+    ok = validate_with_sglang_parser({"chunked_prefill_size": 4096, "schedule_policy": "lpm", "quantization": "fp8",
+                                      "kv_cache_dtype": "fp8_e4m3", "cuda_graph_max_bs_decode": 128,
+                                      "speculative_algorithm": "EAGLE"}, "/models/m", python=py)
+    assert ok == []
+    removed = validate_with_sglang_parser({}, "/models/m", extra_args=["--cuda-graph-max-bs", "128"], python=py)
+    assert removed and "ambiguous option: --cuda-graph-max-bs" in removed[0]
+    bad_choice = validate_with_sglang_parser({}, "/models/m", extra_args=["--schedule-policy", "bogus"], python=py)
+    assert bad_choice and "invalid choice: 'bogus'" in bad_choice[0]
+    bad_algo = validate_with_sglang_parser({}, "/models/m", extra_args=["--speculative-algorithm", "MTP"], python=py)
+    assert bad_algo and "MTP" in bad_algo[0]
