@@ -66,12 +66,15 @@ def luhn_complete(prefix: str) -> str:
     return prefix + str((10 - total % 10) % 10)
 
 
+def _group4(s: str) -> str:
+    return " ".join(s[i:i + 4] for i in range(0, len(s), 4))
+
+
 def iban(rng: random.Random, country: str, bban_len: int) -> str:
     bban = "".join(str(rng.randint(0, 9)) for _ in range(bban_len))
     num = int("".join(str(int(c, 36)) for c in bban + country + "00"))
     check = 98 - num % 97
-    raw = f"{country}{check:02d}{bban}"
-    return " ".join(raw[i:i + 4] for i in range(0, len(raw), 4))
+    return _group4(f"{country}{check:02d}{bban}")
 
 
 class PIIBook:
@@ -87,8 +90,7 @@ class PIIBook:
                 "phone": rng.choice([f"+1 ({rng.randint(200, 989)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}",
                                      f"+44 20 {rng.randint(1000, 9999)} {rng.randint(1000, 9999)}",
                                      f"{rng.randint(200, 989)}-{rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"]),
-                "card": " ".join(luhn_complete("4" + "".join(str(rng.randint(0, 9)) for _ in range(14)))[i:i + 4]
-                                 for i in range(0, 16, 4)),
+                "card": _group4(luhn_complete(rng.choice("45") + "".join(str(rng.randint(0, 9)) for _ in range(14)))),
                 "iban": iban(rng, rng.choice(["DE", "FR", "GB", "NL"]), 18),
                 "ssn": f"{rng.randint(100, 665):03d}-{rng.randint(10, 99):02d}-{rng.randint(1000, 9999):04d}",
                 "ipv4": f"{rng.randint(11, 223)}.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}",
@@ -249,7 +251,7 @@ def make_bad_records(seed: int) -> bytes:
              json.dumps({"timestamp": 1772442005.0, "request": {"model": "m", "messages": [{"role": "user", "content": "x"}],
                                                                  "max_tokens": 10**9}}).encode(),
              b'{"timestamp": 1772442006.0, "request": {"model": "m", "messages": [{"role": "user", "content": "caf\xe9 \xff"}]}}',
-             good(2, 1772442007.0),
+             good(2, 1772442007.0), good(4, 1772442300.0),  # later than the reorder window: older records are released
              json.dumps({"timestamp": 1772440000.0, "request": {"model": "m", "messages": [{"role": "user", "content": "late"}]}}).encode(),
              b"", good(3, 1772442008.0)]
     return b"\n".join(lines) + b"\n"

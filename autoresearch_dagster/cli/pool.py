@@ -1,0 +1,67 @@
+"""Owns the `autoresearch pool` command group: build a replay pool from logs, re-print its fidelity report."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from autoresearch_dagster.fidelity import format_report
+from autoresearch_dagster.spec import SpecError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("pool", help="build and inspect replay pools",
+                              description="Replay pools: redacted requests with arrival offsets, built from logs.")
+    sub = p.add_subparsers(dest="pool_command", metavar="SUBCOMMAND")
+    b = sub.add_parser("build", help="build a redacted replay pool from request logs or token traces",
+                       description="Reads logs (OpenAI chat JSONL, Mooncake JSONL, Azure CSV, BurstGPT CSV), "
+                                   "quarantines bad records, redacts PII, writes DIR/replay_pool.parquet, "
+                                   "DIR/fidelity.json, DIR/quarantine.jsonl, DIR/summary.json (and "
+                                   "DIR/blocks.parquet for traces). Redaction key: $AUTORESEARCH_REDACTION_KEY.")
+    b.add_argument("--logs", required=True, nargs="+", metavar="PATH", help="log file(s), read in the order given")
+    b.add_argument("--endpoint", required=True, metavar="NAME", help="endpoint the pool belongs to")
+    b.add_argument("--out", required=True, metavar="DIR", help="pool directory (replaced atomically)")
+    b.add_argument("--format", default="auto", choices=["auto", "openai", "mooncake", "azure", "burstgpt"],
+                   help="force the input format (default: detect from the first record)")
+    b.add_argument("--tokenizer", metavar="PATH", help="Hugging Face tokenizer.json for exact token counts")
+    b.add_argument("--max-records", type=int, metavar="N", help="read at most N records")
+    b.add_argument("--workers", type=int, metavar="N", help="worker processes for chat logs (default: auto)")
+    b.set_defaults(func=_build)
+    f = sub.add_parser("fidelity", help="print the fidelity report of a built pool")
+    f.add_argument("--pool", required=True, metavar="DIR", help="pool directory (or its replay_pool.parquet)")
+    f.add_argument("--json", action="store_true", help="print the report as JSON")
+    f.set_defaults(func=_fidelity)
+    p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+
+def _build(args: argparse.Namespace) -> int:
+    from autoresearch_dagster.pool_build import build_pool
+
+    if args.max_records is not None and args.max_records <= 0:
+        raise SpecError("--max-records must be positive")
+    res = build_pool([Path(p) for p in args.logs], args.endpoint, Path(args.out), fmt=args.format,
+                     tokenizer_path=args.tokenizer, max_records=args.max_records, workers=args.workers)
+    s = res.summary
+    red = ", ".join(f"{k} {v}" for k, v in s["redactions"].items()) or "none"
+    print(f"pool {res.pool_path}")
+    print(f"  records: {s['rows_in']} read, {s['rows_accepted']} accepted, {s['rows_quarantined']} quarantined"
+          + (f" (see {res.quarantine_path})" if s["rows_quarantined"] else ""))
+    for reason, n in list(s["quarantine_reasons"].items())[:5]:
+        print(f"    {n} x {reason}")
+    print(f"  redactions: {red}")
+    print(f"  prompt tokens: {s['prompt_tokens_pool']} in pool vs {s['prompt_tokens_source']} in source "
+          f"({100 * s['prompt_token_change']:+.3f}%), counter {s['token_counter']}")
+    print(f"  splits: {s['splits']}; built in {s['build_seconds']} s")
+    print(format_report(res.fidelity))
+    return 0 if res.fidelity["passed"] else 1
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    p = Path(args.pool)
+    d = p if p.is_dir() else p.parent
+    path = d / "fidelity.json"
+    if not path.exists():
+        raise SpecError(f"no fidelity report at {path} (build the pool with `autoresearch pool build`)")
+    report = json.loads(path.read_text())
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["passed"] else 1

@@ -1,0 +1,139 @@
+"""Owns reading log files: streaming raw lines (plain or gzip), format detection, the reorder window."""
+from __future__ import annotations
+
+import gzip
+import heapq
+import io
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+from autoresearch_dagster.logs.records import MAX_LINE_BYTES, LogRecord, Rejected
+from autoresearch_dagster.spec import SpecError
+
+FORMATS = ("openai", "mooncake", "azure", "burstgpt")
+
+
+def _open(path: Path) -> IO[bytes]:
+    raw = open(path, "rb")
+    if raw.read(2) == b"\x1f\x8b":
+        raw.seek(0)
+        return gzip.GzipFile(fileobj=raw)
+    raw.seek(0)
+    return raw
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes without the newline) for every non-blank line, streamed.
+
+    A line longer than MAX_LINE_BYTES is yielded truncated to its first byte plus a marker length
+    so the caller can quarantine it without holding it whole in memory.
+    """
+    with _open(Path(path)) as f:
+        reader = io.BufferedReader(f, buffer_size=1 << 20) if not isinstance(f, io.BufferedReader) else f
+        n = 0
+        while True:
+            line = reader.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            n += 1
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                size = len(line)
+                while True:  # skip the rest of the oversized line
+                    more = reader.readline(1 << 20)
+                    size += len(more)
+                    if not more or more.endswith(b"\n"):
+                        break
+                yield n, OversizedLine(size)
+                continue
+            line = line.rstrip(b"\r\n")
+            if line.strip():
+                yield n, line
+
+
+class OversizedLine(bytes):
+    """Stands in for a line over MAX_LINE_BYTES; carries only its size."""
+
+    def __new__(cls, size: int):
+        obj = super().__new__(cls, b"")
+        obj.size = size
+        return obj
+
+
+def detect_format(path: str | Path) -> str:
+    """Guess the format from the first non-blank line; SpecError if the file is empty or unknown."""
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(f"log file {p} does not exist")
+    for _, line in iter_lines(p):
+        head = line[:65536].decode("utf-8", errors="replace").strip().lstrip("\ufeff")
+        low = head.lower()
+        if head.startswith("{"):
+            if '"hash_ids"' in head or '"input_length"' in head:
+                return "mooncake"
+            if any(k in head for k in ('"messages"', '"request"', '"body"', '"prompt"', '"request_body"')):
+                return "openai"
+            raise SpecError(f"cannot detect the format of {p}: its first record is JSON but has neither "
+                            "'messages'/'request'/'body' (openai) nor 'hash_ids'/'input_length' (mooncake)")
+        if "contexttokens" in low and "generatedtokens" in low:
+            return "azure"
+        if "request tokens" in low and "response tokens" in low:
+            return "burstgpt"
+        raise SpecError(f"cannot detect the format of {p}: the first line is neither JSON nor a known CSV header "
+                        "(Azure: TIMESTAMP,ContextTokens,GeneratedTokens; BurstGPT: Timestamp,Model,Request tokens,...)")
+    raise SpecError(f"log file {p} is empty (no records)")
+
+
+def check_not_empty(path: str | Path) -> None:
+    for _ in iter_lines(path):
+        return
+    raise SpecError(f"log file {path} is empty (no records)")
+
+
+class ReorderWindow:
+    """Restores timestamp order within a bounded window; records later than that are quarantined.
+
+    A record is held until it is more than ``window_s`` older than the newest timestamp seen or
+    more than ``max_held`` records are held; records are released in timestamp order. A record
+    whose timestamp is earlier than one already released arrived too late to be placed and is
+    rejected as out of order (memory stays bounded by ``max_held``).
+    """
+
+    def __init__(self, window_s: float = 60.0, max_held: int = 20000):
+        self.window_s = window_s
+        self.max_held = max_held
+        self._heap: list[tuple[float, int, object]] = []
+        self._newest = float("-inf")
+        self._released = float("-inf")
+        self._seq = 0
+
+    def push(self, ts: float, line: int, nbytes: int, item: object) -> Iterator[object]:
+        if ts < self._released:
+            yield Rejected(line, f"timestamp out of order: {self._released - ts:.3f} s earlier than records "
+                                 f"already released (reorder window {self.window_s:g} s / {self.max_held} records)",
+                           nbytes)
+            return
+        self._seq += 1
+        heapq.heappush(self._heap, (ts, self._seq, item))
+        self._newest = max(self._newest, ts)
+        while self._heap and (len(self._heap) > self.max_held or self._heap[0][0] < self._newest - self.window_s):
+            yield self._pop()
+
+    def _pop(self) -> object:
+        ts, _, item = heapq.heappop(self._heap)
+        self._released = ts
+        return item
+
+    def drain(self) -> Iterator[object]:
+        while self._heap:
+            yield self._pop()
+
+
+def ordered(records: Iterable[LogRecord | Rejected], window: ReorderWindow | None = None) -> Iterator[LogRecord | Rejected]:
+    """Pass rejections through, and records in timestamp order via the reorder window."""
+    window = window or ReorderWindow()
+    for r in records:
+        if isinstance(r, Rejected):
+            yield r
+        else:
+            yield from window.push(r.timestamp_s, r.line, r.nbytes, r)
+    yield from window.drain()

@@ -1,0 +1,439 @@
+"""Owns PII redaction: detectors, keyed consistent format-preserving surrogates, structure-aware traversal.
+
+Surrogate = G_type(HMAC-SHA256(K, type | normalized value)). K comes from the environment variable
+AUTORESEARCH_REDACTION_KEY, else a random per-process key that is never written anywhere. The
+same value therefore gets the same surrogate everywhere in a pool (shared prefixes stay shared).
+Surrogates keep character classes (letter -> letter with case, digit -> digit, punctuation kept),
+so lengths and the approximate token count are unchanged; names and streets come from lists of
+the same length. Checksummed identifiers are made deliberately invalid (cards fail Luhn, IBANs
+fail mod-97, SSNs get the never-issued area 9xx) so a surrogate can never be a real number.
+
+What is found: e-mail addresses; phone numbers (NANP and +country formats); payment cards
+(13-19 digits, Luhn-checked); IBANs (mod-97-checked); US SSNs (dashed, or 9 digits after "SSN");
+IPv4 and IPv6 addresses (validated); credentials and token-like query values in URLs; API keys
+(sk-, AKIA/ASIA, ghp_/gho_/..., github_pat_, xox?-, JWTs, Bearer tokens, key=value secrets,
+high-entropy tokens of 24+ characters); person names after honorifics, "my name is"/"call me",
+greetings and e-mail signatures, and capitalized first-name + surname pairs from a first-name
+list; street addresses (house number + capitalized name + street-type suffix).
+What is not: names without such cues or outside the list, non-US national ids, postal codes,
+dates of birth, free-form locations, PII inside images or other non-text parts.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import math
+import os
+import re
+from collections import Counter
+from typing import Any
+
+KEY_ENV = "AUTORESEARCH_REDACTION_KEY"
+PII_TYPES = ("email", "phone", "card", "iban", "ssn", "ipv4", "ipv6", "url_secret", "api_key", "person", "address")
+
+FIRST_NAMES = frozenset("""
+James Mary Robert Patricia John Jennifer Michael Linda David Elizabeth William Barbara Richard Susan
+Joseph Jessica Thomas Sarah Charles Karen Christopher Lisa Daniel Nancy Matthew Betty Anthony Sandra
+Donald Ashley Steven Kimberly Paul Emily Andrew Donna Joshua Michelle Kenneth Carol Kevin Amanda Brian
+Melissa George Deborah Timothy Stephanie Ronald Rebecca Jason Sharon Edward Laura Jeffrey Cynthia Ryan
+Kathleen Jacob Amy Gary Angela Nicholas Shirley Eric Anna Jonathan Brenda Stephen Pamela Larry Emma
+Justin Nicole Scott Helen Brandon Samantha Benjamin Katherine Samuel Christine Gregory Debra Alexander
+Rachel Patrick Carolyn Frank Janet Raymond Catherine Jack Maria Dennis Heather Jerry Diane Tyler Olivia
+Aaron Julie Jose Joyce Adam Victoria Nathan Kelly Henry Christina Zachary Lauren Douglas Joan Peter
+Evelyn Kyle Judith Noah Megan Ethan Andrea Jeremy Cheryl Walter Hannah Christian Jacqueline Keith Martha
+Roger Gloria Terry Teresa Austin Ann Sean Sara Gerald Madison Carl Frances Harold Kathryn Dylan Janice
+Arthur Jean Lawrence Abigail Jordan Alice Jesse Judy Bryan Sophia Billy Lucas Mateo Amelia Liam Mia
+Ahmed Mohammed Fatima Wei Li Priya Raj Hiroshi Yuki Olga Ivan Pierre Marie Hans Giulia Carlos Lucia
+""".split())
+# Surrogate pools (fictional-enough common names); chosen by HMAC among same-length entries.
+_SUR_FIRST = sorted(FIRST_NAMES)
+_SUR_LAST = sorted("""
+Abbott Acosta Adler Baker Banks Barton Bell Bishop Black Boyd Brooks Burke Carr Chase Cole Cross Dale Dean
+Dixon Drake Dunn Ellis Evans Fields Fisher Flynn Ford Fox Frost Gale Grant Gray Hale Hardy Hayes Hicks Hill
+Holt Hunt Kane Keller Klein Knox Lamb Lane Lowe Lynch Marsh Mason Meyer Monroe Moss Nash Noble Olsen Owen
+Page Parks Pierce Quinn Reed Reese Rhodes Rowe Rush Sharp Shaw Stone Swift Tate Todd Vance Wade Walsh Ward
+Webb West Wolfe Wood Wyatt York Young Zimmer Albright Bancroft Carrington Dillinger Fairbanks Hollister
+Kensington Lancaster Pemberton Whitfield Worthington Castellano Fitzgerald Montgomery Richardson Carlson
+Donovan Garrett Holland Jenkins Lambert Mathews Sanders Simmons Stevens Sullivan Thornton Whitaker Harrington
+Wellington Hutchinson Fairweather Abernathy Kingsley Blackwood Templeton Winchester Livingston Castillo
+""".split())
+_SUR_STREET = sorted("Maple Cedar Birch Aspen Willow Spruce Juniper Magnolia Chestnut Hawthorn Linden Alder "
+                     "Poplar Laurel Sycamore Holly Ivy Fern Sage Hazel Orchard Meadow Ridge Brook River Harbor Lincoln "
+                     "Franklin Jefferson Riverside Greenwood Lakeshore Evergreen Cottonwood Brookfield Springdale "
+                     "Wildflower Blackberry Huckleberry".split())
+
+_HONORIFIC = re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Madam|Mme|Herr|Frau)\.?\s+"
+                        r"([A-Z][a-z]+(?:[ -][A-Z][a-z]+)?)")
+_INTRO = re.compile(r"\b(?:[Mm]y name is|[Cc]all me|[Nn]ame:|[Ss]igned,?)\s+([A-Z][a-z]+(?:\s+[A-Z][a-z]+){0,2})")
+_GREETING = re.compile(r"\b(?:Dear|Hi|Hello|Hey|Thanks|Thank you|I am|I'm|This is)\s+([A-Z][a-z]+(?:\s+[A-Z][a-z]+)?)")
+_SIGNATURE = re.compile(r"\b(?:Regards|Thanks|Thank you|Cheers|Best|Sincerely|Best regards|Kind regards|Yours)"
+                        r",?[ \t]*\r?\n[ \t]*([A-Z][a-z]+(?:[ \t]+[A-Z][a-z]+)?)")
+_NAME_PAIR = re.compile(r"\b([A-Z][a-z]+)\s+([A-Z][a-z]+(?:-[A-Z][a-z]+)?)\b")
+_STREET_SUFFIX = (r"Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Way|Place|Pl|Terrace|"
+                  r"Circle|Cir|Parkway|Pkwy|Highway|Hwy|Square|Sq|Trail|Alley")
+_ADDRESS = re.compile(r"\b\d{1,6}[A-Za-z]?\s+(?:[NSEW]\.?\s+)?(?:[A-Z][a-z]+\.?\s+){1,3}(?:" + _STREET_SUFFIX + r")\b\.?")
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+_URL = re.compile(r"\b(?:https?|ftp|wss?|postgres(?:ql)?|mysql|mongodb(?:\+srv)?|redis|amqp)://[^\s\"'<>\\]+")
+_URL_SECRET_PARAM = re.compile(r"(?i)(?:^|[?&;])((?:access_|refresh_|id_|auth_|api_|session_)?(?:token|key|apikey|"
+                               r"secret|password|passwd|pwd|sig|signature|auth|code|credential|session)[A-Za-z_]*)=([^&#;]+)")
+_CARD = re.compile(r"(?<![\d.,-])\d(?:[ -]?\d){12,18}(?![\d])")
+_SSN = re.compile(r"(?<![\d-])(\d{3})-(\d{2})-(\d{4})(?![\d-])")
+_SSN_PLAIN = re.compile(r"(?i)\b(?:ssn|social security(?: number| no\.?)?)\s*(?:is|:|#|no\.?)?\s*(\d{9})\b")
+_PHONE_NANP = re.compile(r"(?<![\w+])(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])")
+_PHONE_INTL = re.compile(r"(?<![\w+])\+\d{1,3}(?:[\s.-]?\(?\d{1,5}\)?){2,5}(?![\w-])")
+_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b")
+_IPV4 = re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\w]|\.\d)")
+_IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{1,4}:){1,7}(?::|(?::[0-9A-Fa-f]{1,4}){1,7}|[0-9A-Fa-f]{1,4})(?![\w:])"
+                   r"|(?<![\w:])::(?:[0-9A-Fa-f]{1,4}:){0,6}[0-9A-Fa-f]{1,4}(?![\w:])")
+_KEY_SHAPES = re.compile(
+    r"\bsk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?[A-Za-z0-9_-]{20,}"
+    r"|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"
+    r"|\bgh[pousr]_[A-Za-z0-9]{30,}\b|\bgithub_pat_[A-Za-z0-9_]{30,}"
+    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{8,}"
+    r"|\bAIza[0-9A-Za-z_-]{35}")
+_BEARER = re.compile(r"\b[Bb]earer\s+([A-Za-z0-9._~+/-]{12,}=*)")
+_KV_SECRET = re.compile(r"(?i)\b(?:api[_-]?key|secret(?:[_-]?key)?|access[_-]?token|auth[_-]?token|password|passwd|pwd)"
+                        r"[\"']?\s*[:=]\s*[\"']?([^\s\"',;&]{8,})")
+_HIGH_ENTROPY = re.compile(r"(?<![\w/+=.-])[A-Za-z0-9_+/-]{24,}={0,2}(?![\w/+=-])")
+_KEEP_PREFIX = re.compile(r"^(?:sk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?|AKIA|ASIA|gh[pousr]_|github_pat_|"
+                          r"xox[abposr]-|eyJ|AIza)")
+
+# Keys of tool definitions / JSON schemas whose string values are structure, never redacted.
+STRUCTURAL_KEYS = frozenset({"type", "name", "$ref", "$schema", "$id", "format", "pattern", "required", "role",
+                             "tool_call_id", "id", "strict", "additionalProperties"})
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2 == 1:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def iban_valid(iban: str) -> bool:
+    s = iban.replace(" ", "")
+    if not (15 <= len(s) <= 34):
+        return False
+    rearranged = s[4:] + s[:4]
+    try:
+        return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
+    except ValueError:
+        return False
+
+
+def _entropy(s: str) -> float:
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
+
+
+def _looks_secret(tok: str) -> bool:
+    classes = (any(c.islower() for c in tok), any(c.isupper() for c in tok), any(c.isdigit() for c in tok))
+    return sum(classes) >= 2 and any(c.isdigit() for c in tok) and _entropy(tok) >= 3.5
+
+
+Span = tuple[int, int, str, str]  # start, end, type, normalized value
+
+
+def _spans(text: str) -> list[Span]:
+    """All candidate PII spans (start, end, type, normalized value), before overlap resolution."""
+    out: list[Span] = []
+    add = out.append
+    has_digit = any(c.isdigit() for c in text)
+    if "://" in text:
+        for m in _URL.finditer(text):
+            url, base = m.group(), m.start()
+            scheme_end = url.index("://") + 3
+            at = url.find("@", scheme_end, url.find("/", scheme_end) if url.find("/", scheme_end) > 0 else len(url))
+            if at > scheme_end:
+                add((base + scheme_end, base + at, "url_secret", url[scheme_end:at]))
+            q = url.find("?")
+            if q >= 0:
+                for pm in _URL_SECRET_PARAM.finditer(url, q):
+                    add((base + pm.start(2), base + pm.end(2), "url_secret", pm.group(2)))
+    for m in _KEY_SHAPES.finditer(text):
+        add((m.start(), m.end(), "api_key", m.group()))
+    for m in _BEARER.finditer(text):
+        add((m.start(1), m.end(1), "api_key", m.group(1)))
+    for m in _KV_SECRET.finditer(text):
+        add((m.start(1), m.end(1), "api_key", m.group(1)))
+    if "@" in text:
+        for m in _EMAIL.finditer(text):
+            add((m.start(), m.end(), "email", m.group().lower()))
+    if has_digit:
+        for m in _IBAN.finditer(text):
+            if iban_valid(m.group()):
+                add((m.start(), m.end(), "iban", m.group().replace(" ", "")))
+        for m in _CARD.finditer(text):
+            digits = re.sub(r"\D", "", m.group())
+            if 13 <= len(digits) <= 19 and luhn_valid(digits):
+                add((m.start(), m.end(), "card", digits))
+        for m in _SSN.finditer(text):
+            a, g, s = m.groups()
+            if a not in ("000", "666") and a[0] != "9" and g != "00" and s != "0000":
+                add((m.start(), m.end(), "ssn", a + g + s))
+        for m in _SSN_PLAIN.finditer(text):
+            add((m.start(1), m.end(1), "ssn", m.group(1)))
+        for rx in (_PHONE_NANP, _PHONE_INTL):
+            for m in rx.finditer(text):
+                digits = re.sub(r"\D", "", m.group())
+                if 10 <= len(digits) <= 15:
+                    add((m.start(), m.end(), "phone", digits))
+        if "." in text:
+            for m in _IPV4.finditer(text):
+                add((m.start(), m.end(), "ipv4", m.group()))
+        for m in _ADDRESS.finditer(text):
+            add((m.start(), m.end(), "address", m.group().lower()))
+    if ":" in text:
+        for m in _IPV6.finditer(text):
+            cand = m.group()
+            if cand.count(":") >= 2:
+                try:
+                    ipaddress.IPv6Address(cand)
+                except ValueError:
+                    continue
+                add((m.start(), m.end(), "ipv6", cand.lower()))
+    for m in _HIGH_ENTROPY.finditer(text):
+        if _looks_secret(m.group()):
+            add((m.start(), m.end(), "api_key", m.group()))
+    for rx in (_HONORIFIC, _INTRO, _SIGNATURE):
+        for m in rx.finditer(text):
+            add((m.start(1), m.end(1), "person", m.group(1)))
+    for m in _GREETING.finditer(text):
+        first = m.group(1).split()[0]
+        if first in FIRST_NAMES:
+            add((m.start(1), m.end(1), "person", m.group(1)))
+    for m in _NAME_PAIR.finditer(text):
+        if m.group(1) in FIRST_NAMES:
+            add((m.start(), m.end(), "person", m.group()))
+    return out
+
+
+# Earlier detectors win overlaps that start at the same offset (e.g. a card also shaped like a phone).
+_PRIORITY = {t: i for i, t in enumerate(("url_secret", "api_key", "email", "iban", "card", "ssn", "phone", "ipv6",
+                                         "ipv4", "address", "person"))}
+
+
+def find_pii(text: str) -> list[Span]:
+    """Non-overlapping PII spans in ``text``, in order."""
+    spans = sorted(_spans(text), key=lambda s: (s[0], _PRIORITY[s[2]], -(s[1] - s[0])))
+    out: list[Span] = []
+    end = -1
+    for s in spans:
+        if s[0] >= end:
+            out.append(s)
+            end = s[1]
+    return out
+
+
+class Redactor:
+    """Redacts strings and request structures; keeps per-type counts of replaced occurrences."""
+
+    def __init__(self, key: bytes | None = None, *, max_cache: int = 200_000):
+        if key is None:
+            env = os.environ.get(KEY_ENV)
+            key = env.encode() if env else os.urandom(32)
+        self._key = key
+        self.counts: Counter[str] = Counter()
+        self._sur: dict[tuple[str, str], str] = {}
+        self._text_cache: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
+        self._max_cache = max_cache
+
+    # --- surrogates -------------------------------------------------------------------------------
+    def _stream(self, kind: str, norm: str, n: int) -> bytes:
+        d = hmac.new(self._key, f"{kind}\x00{norm}".encode(), hashlib.sha256).digest()
+        return d if n <= len(d) else hashlib.shake_256(d).digest(n)
+
+    @staticmethod
+    def _scramble(value: str, stream: bytes, *, hex_only: bool = False) -> str:
+        out = []
+        for i, ch in enumerate(value):
+            b = stream[i % len(stream)] ^ (i // len(stream) * 131 & 0xFF)
+            if ch.isdigit():
+                out.append(chr(48 + b % 10))
+            elif hex_only and ch in "abcdef":
+                out.append(chr(97 + b % 6))
+            elif hex_only and ch in "ABCDEF":
+                out.append(chr(65 + b % 6))
+            elif hex_only:
+                out.append(ch)
+            elif ch.isalpha():
+                out.append(chr((65 if ch.isupper() else 97) + b % 26))
+            else:
+                out.append(ch)
+        return "".join(out)
+
+    @staticmethod
+    def _pick(words: list[str], word: str, b: int) -> str:
+        same = [w for w in words if len(w) == len(word) and w != word]
+        if not same:
+            return ""
+        w = same[b % len(same)]
+        return w.upper() if word.isupper() else w
+
+    def surrogate(self, kind: str, value: str, norm: str) -> str:
+        key = (kind, norm, value)
+        hit = self._sur.get(key)
+        if hit is not None:
+            return hit
+        st = self._stream(kind, norm, max(32, 2 * len(value)))
+        if kind == "card":
+            s = value[0] + self._scramble(value[1:], st)
+            digits = re.sub(r"\D", "", s)
+            if luhn_valid(digits):  # deliberately invalid: flip the last digit
+                last = s.rfind(digits[-1])
+                s = s[:last] + str((int(digits[-1]) + 1) % 10) + s[last + 1:]
+        elif kind == "iban":
+            s = value[:2] + self._scramble(value[2:], st)
+            if iban_valid(s):
+                s = s[:2] + str((int(s[2]) + 1) % 10) + s[3:]
+        elif kind == "ssn":
+            s = self._scramble(value, st)
+            s = "9" + s[1:]
+        elif kind == "ipv4":
+            octs = value.split(".")
+            new = []
+            for i, o in enumerate(octs):
+                b = st[i] + 256 * st[i + 4]
+                new.append(str([b % 10, 10 + b % 90, 100 + b % 156][len(o) - 1]))
+            s = ".".join(new)
+        elif kind == "ipv6":
+            s = self._scramble(value, st, hex_only=True)
+        elif kind == "api_key":
+            m = _KEEP_PREFIX.match(value)
+            keep = m.end() if m else 0
+            s = value[:keep] + self._scramble(value[keep:], st)
+        elif kind == "person":
+            s = self._names(value, st, [_SUR_FIRST] + [_SUR_LAST] * 4)
+        elif kind == "address":
+            s = self._address(value, st)
+        else:  # email, phone, url_secret: class-preserving
+            s = self._scramble(value, st)
+            if kind == "email":  # keep the top-level domain so it stays a plausible address
+                tld = value.rsplit(".", 1)[-1]
+                s = s[: len(s) - len(tld)] + tld
+        if s == value:  # vanishingly rare; make sure nothing passes through unchanged
+            s = self._scramble(value, self._stream(kind + "!", norm, max(32, 2 * len(value))))
+        if len(self._sur) >= self._max_cache:
+            self._sur.clear()
+        self._sur[key] = s
+        return s
+
+    def _names(self, value: str, st: bytes, lists: list[list[str]]) -> str:
+        parts = re.split(r"([ \t\r\n-]+)", value)
+        out, wi = [], 0
+        for p in parts:
+            if not p or not p[0].isalpha():
+                out.append(p)
+                continue
+            choice = self._pick(lists[min(wi, len(lists) - 1)], p, st[wi % len(st)] * 256 + st[(wi + 7) % len(st)])
+            out.append(choice or self._scramble(p, st[wi:] + st[:wi]))
+            wi += 1
+        return "".join(out)
+
+    def _address(self, value: str, st: bytes) -> str:
+        words = re.split(r"(\s+)", value)
+        out = []
+        for i, w in enumerate(words):
+            if w[:1].isdigit():
+                out.append(self._scramble(w, st[i:] + st[:i]))
+            elif i == len(words) - 1 or not w[:1].isupper() or len(w) <= 2:
+                out.append(w)  # street-type suffix, compass letters and spacing stay
+            else:
+                out.append(self._pick(_SUR_STREET, w, st[i % len(st)]) or self._scramble(w, st[i:] + st[:i]))
+        return "".join(out)
+
+    # --- text -------------------------------------------------------------------------------------
+    def redact_text(self, text: str) -> str:
+        if len(text) < 6:
+            return text
+        cached = self._text_cache.get(text) if len(text) >= 256 else None
+        if cached is not None:
+            for kind, n in cached[1]:
+                self.counts[kind] += n
+            return cached[0]
+        spans = find_pii(text)
+        if not spans:
+            result, found = text, ()
+        else:
+            parts, pos = [], 0
+            found_c: Counter[str] = Counter()
+            for start, end, kind, norm in spans:
+                parts.append(text[pos:start])
+                parts.append(self.surrogate(kind, text[start:end], norm))
+                found_c[kind] += 1
+                pos = end
+            parts.append(text[pos:])
+            result, found = "".join(parts), tuple(found_c.items())
+            for kind, n in found:
+                self.counts[kind] += n
+        if len(text) >= 256:
+            if len(self._text_cache) >= 4096:
+                self._text_cache.clear()
+            self._text_cache[text] = (result, found)
+        return result
+
+    # --- structures -------------------------------------------------------------------------------
+    def redact_json(self, obj: Any, skip: frozenset[str] = STRUCTURAL_KEYS) -> Any:
+        """String values redacted, keys and structural keywords untouched; unchanged parts are the same objects."""
+        if isinstance(obj, str):
+            return self.redact_text(obj)
+        if isinstance(obj, list):
+            new = [self.redact_json(v, skip) for v in obj]
+            return obj if all(a is b for a, b in zip(new, obj)) else new
+        if isinstance(obj, dict):
+            new_d = {k: (v if k in skip else self.redact_json(v, skip)) for k, v in obj.items()}
+            return obj if all(new_d[k] is obj[k] for k in obj) else new_d
+        return obj
+
+    def redact_json_string(self, s: str) -> str:
+        """A string that holds JSON (tool-call arguments, tool results): stays valid JSON."""
+        out = self.redact_text(s)
+        if out is s or out == s:
+            return s
+        try:
+            json.loads(s)
+        except ValueError:
+            return out  # was not JSON; plain text redaction is what applies
+        try:
+            json.loads(out)
+            return out
+        except ValueError:
+            return json.dumps(self.redact_json(json.loads(s), frozenset()), ensure_ascii=False)
+
+    def redact_messages(self, messages: list[dict]) -> list[dict]:
+        out = []
+        for m in messages:
+            nm = dict(m)
+            c = m.get("content")
+            if isinstance(c, str):
+                nm["content"] = self.redact_json_string(c) if m.get("role") == "tool" else self.redact_text(c)
+            elif isinstance(c, list):
+                nm["content"] = [({**p, "text": self.redact_text(p["text"])}
+                                  if p.get("type") == "text" and isinstance(p.get("text"), str) else p) for p in c]
+            if isinstance(m.get("name"), str):
+                nm["name"] = self.redact_text(m["name"])
+            calls = m.get("tool_calls")
+            if isinstance(calls, list):
+                new_calls = []
+                for call in calls:
+                    fn = call.get("function") if isinstance(call, dict) else None
+                    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                        call = {**call, "function": {**fn, "arguments": self.redact_json_string(fn["arguments"])}}
+                    new_calls.append(call)
+                nm["tool_calls"] = new_calls
+            out.append(nm)
+        return out
+
+
+def redaction_key_from_env() -> bytes | None:
+    env = os.environ.get(KEY_ENV)
+    return env.encode() if env else None
+
