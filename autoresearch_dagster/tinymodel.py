@@ -320,28 +320,34 @@ def _top(lp_row: torch.Tensor, k: int) -> dict[str, float]:
 
 
 def _completion_logprobs(all_ids: list[int], lp: torch.Tensor, start: int, k: int) -> dict[str, Any]:
-    """OpenAI legacy logprobs for tokens all_ids[start:]; lp[t] predicts all_ids[t+1]."""
-    tokens, token_lps, tops, offsets = [], [], [], []
-    off = 0
-    for t in range(start, len(all_ids)):
-        tokens.append(chr(all_ids[t]))
-        offsets.append(off)
-        off += 1
-        if t == 0:
-            token_lps.append(None)
-            tops.append(None)
-        else:
-            token_lps.append(float(lp[t - 1, all_ids[t]]))
-            tops.append(_top(lp[t - 1], k) if k > 0 else {})
-    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+    """OpenAI legacy logprobs for tokens all_ids[start:].
+
+    ``lp`` holds the rows that predicted the last ``len(lp)`` tokens of ``all_ids`` (the full
+    sequence's rows without the final one, or only the generated tokens' rows).
+    """
+    offset = len(all_ids) - len(lp)  # the token that lp's first row predicted
+    first = max(start, 1)
+    rows = lp[first - offset: len(all_ids) - offset] if first < len(all_ids) else lp[:0]
+    forced = torch.tensor(all_ids[first:], dtype=torch.long)
+    token_lps = rows.gather(1, forced[:, None])[:, 0].tolist() if len(forced) else []
+    tops: list[dict[str, float] | None] = []
+    if k > 0 and len(rows):
+        vals, idx = torch.topk(rows, k, dim=-1)
+        tops = [{chr(i): v for i, v in zip(ii, vv)} for ii, vv in zip(idx.tolist(), vals.tolist())]
+    else:
+        tops = [{} for _ in range(len(rows))]
+    lead = [None] if start == 0 else []
+    return {"tokens": [chr(t) for t in all_ids[start:]], "token_logprobs": lead + token_lps, "top_logprobs": lead + tops,
+            "text_offset": list(range(len(all_ids) - start))}
 
 
 class TinyServer:
     """aiohttp app serving one TinyTransformer; ``server_args`` is what /server_info reports."""
 
     def __init__(self, model: TinyTransformer, *, model_name: str = "tiny",
-                 server_args: dict[str, Any] | None = None, max_logprobs: int = 20):
+                 server_args: dict[str, Any] | None = None, max_logprobs: int = 20, echo_logprobs: bool = True):
         self.model = model
+        self.echo_logprobs = echo_logprobs  # False: like servers that return logprobs for generated tokens only
         self.model_name = model_name
         self.server_args = dict(server_args or {})
         self.max_logprobs = max_logprobs
@@ -428,9 +434,12 @@ class TinyServer:
             echo = bool(body.get("echo", False))
             if max_tokens == 0 and not echo:
                 raise ValueError("max_tokens=0 is only meaningful with echo=true")
-            new, _ = await self._run(self.model.generate, ids, max_tokens, temperature=temperature, seed=seed)
+            new, rows = await self._run(self.model.generate, ids, max_tokens, temperature=temperature, seed=seed)
             all_ids = ids + new
-            lp = await self._run(self.model.logprobs, all_ids) if k is not None else None
+            lp = None
+            if k is not None:
+                # scoring the prompt needs a full forward; generated tokens already have their rows
+                lp = (await self._run(self.model.logprobs, all_ids))[:-1] if echo and self.echo_logprobs else rows
         except (ValueError, TypeError, json.JSONDecodeError) as e:
             return self._err(str(e))
         self._count(len(ids), len(new))
@@ -440,7 +449,7 @@ class TinyServer:
             return await self._stream_completion(req, rid, ids, new, lp, k, echo, usage, body)
         logprobs = None
         if lp is not None:
-            logprobs = _completion_logprobs(all_ids, lp, 0 if echo else len(ids), k)
+            logprobs = _completion_logprobs(all_ids, lp, 0 if echo and self.echo_logprobs else len(ids), k)
         text = decode(all_ids) if echo else decode(new)
         return web.json_response({
             "id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
@@ -458,9 +467,12 @@ class TinyServer:
         base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name}
         if echo:
             await send({**base, "choices": [{"index": 0, "text": decode(ids), "logprobs": None, "finish_reason": None}]})
+        full = _completion_logprobs(all_ids, lp, len(ids), k) if lp is not None else None
         for j, tok in enumerate(new):
-            pos = len(ids) + j
-            chunk_lp = _completion_logprobs(all_ids[: pos + 1], lp, pos, k) if lp is not None else None
+            chunk_lp = None
+            if full is not None:
+                chunk_lp = {"tokens": [full["tokens"][j]], "token_logprobs": [full["token_logprobs"][j]],
+                            "top_logprobs": [full["top_logprobs"][j]], "text_offset": [0]}
             last = j == len(new) - 1
             await send({**base, "choices": [{"index": 0, "text": chr(tok), "logprobs": chunk_lp,
                                              "finish_reason": "length" if last else None}]})
@@ -580,10 +592,11 @@ class RunningTinyServer:
 
 def serve_tiny_model_in_thread(variant: str | Numerics = "reference", seed: int = 0, *, host: str = "127.0.0.1",
                                port: int = 0, model_name: str = "tiny",
-                               server_args: dict[str, Any] | None = None) -> RunningTinyServer:
+                               server_args: dict[str, Any] | None = None, echo_logprobs: bool = True) -> RunningTinyServer:
     """Serve the tiny model with these numerics on a free loopback port; returns ``.base_url`` and ``.stop()``."""
     model = TinyTransformer(seed=seed, numerics=variant)
-    return RunningTinyServer(TinyServer(model, model_name=model_name, server_args=server_args), host, port)
+    return RunningTinyServer(TinyServer(model, model_name=model_name, server_args=server_args,
+                                        echo_logprobs=echo_logprobs), host, port)
 
 
 # ---------------------------------------------------------------- SGLang-compatible launcher
