@@ -29,6 +29,7 @@ class FidelityThresholds:
     concurrency_tol: float = 0.10   # time-weighted mean and p95 of in-flight requests, ratio
     token_change_max: float = 0.01  # |total prompt tokens after redaction / before - 1|
     min_windows: int = 5            # IDC at T needs at least this many whole windows of T
+    min_split_requests: int = 200   # the serving-split KS check is sampling noise below this many requests
     idc_windows_s: tuple[float, ...] = (1.0, 10.0, 60.0)
 
     def to_dict(self) -> dict:

@@ -297,9 +297,14 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
         if kind == "trace":
             extra["synthesis.token_count_exact"] = _synthesis_check(sample, writer, block_tokens)
         # the serving split (what replays) against the whole source
-        extra["serving_split.prompt_tokens.ks"] = ks_check("serving_split.prompt_tokens.ks",
-                                                            source_stats.prompt_tokens, serving.prompt_tokens,
-                                                            thresholds.ks_max)
+        if len(source_stats) >= thresholds.min_split_requests:
+            extra["serving_split.prompt_tokens.ks"] = ks_check("serving_split.prompt_tokens.ks",
+                                                                source_stats.prompt_tokens, serving.prompt_tokens,
+                                                                thresholds.ks_max)
+        else:
+            extra["serving_split.prompt_tokens.ks"] = {
+                "value": None, "threshold": thresholds.ks_max, "passed": True,
+                "skipped": f"fewer than {thresholds.min_split_requests} requests"}
         fidelity = compare(source_stats, pool_stats, thresholds, extra=extra)
         elapsed = time.perf_counter() - t0
         summary = {

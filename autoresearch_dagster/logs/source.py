@@ -59,12 +59,16 @@ class OversizedLine(bytes):
         return obj
 
 
-def detect_format(path: str | Path) -> str:
-    """Guess the format from the first non-blank line; SpecError if the file is empty or unknown."""
+def detect_format(path: str | Path, probe_lines: int = 50) -> str:
+    """Guess the format from the first records (malformed ones skipped); SpecError if empty or unknown."""
     p = Path(path)
     if not p.exists():
         raise SpecError(f"log file {p} does not exist")
+    seen = 0
     for _, line in iter_lines(p):
+        seen += 1
+        if seen > probe_lines:
+            break
         head = line[:65536].decode("utf-8", errors="replace").strip().lstrip("\ufeff")
         low = head.lower()
         if head.startswith("{"):
@@ -72,15 +76,19 @@ def detect_format(path: str | Path) -> str:
                 return "mooncake"
             if any(k in head for k in ('"messages"', '"request"', '"body"', '"prompt"', '"request_body"')):
                 return "openai"
-            raise SpecError(f"cannot detect the format of {p}: its first record is JSON but has neither "
-                            "'messages'/'request'/'body' (openai) nor 'hash_ids'/'input_length' (mooncake)")
+            continue
         if "contexttokens" in low and "generatedtokens" in low:
             return "azure"
         if "request tokens" in low and "response tokens" in low:
             return "burstgpt"
-        raise SpecError(f"cannot detect the format of {p}: the first line is neither JSON nor a known CSV header "
-                        "(Azure: TIMESTAMP,ContextTokens,GeneratedTokens; BurstGPT: Timestamp,Model,Request tokens,...)")
-    raise SpecError(f"log file {p} is empty (no records)")
+        if seen == 1 and not head.startswith(("{", "[")):
+            break  # neither JSON nor a known CSV header
+    if seen == 0:
+        raise SpecError(f"log file {p} is empty (no records)")
+    raise SpecError(f"cannot detect the format of {p}: its first records are neither OpenAI chat JSON "
+                    "('messages'/'request'/'body'), Mooncake JSON ('hash_ids'/'input_length') nor a known CSV "
+                    "header (Azure: TIMESTAMP,ContextTokens,GeneratedTokens; BurstGPT: Timestamp,Model,Request "
+                    "tokens,...); use --format to force one")
 
 
 def check_not_empty(path: str | Path) -> None:

@@ -1,0 +1,58 @@
+import numpy as np
+
+from autoresearch_dagster.fidelity import FidelityThresholds, WorkloadStats, compare
+
+
+def _stats(arr, prompt, out, hashes, lat=None):
+    ws = WorkloadStats()
+    for i in range(len(arr)):
+        ws.add(float(arr[i]), int(prompt[i]), int(out[i]), hashes[i], None if lat is None else float(lat[i]))
+    return ws
+
+
+def _workload(seed=0, n=3000):
+    rng = np.random.default_rng(seed)
+    arr = np.cumsum(rng.gamma(0.5, 0.4, n))
+    prompt = rng.lognormal(7, 0.8, n).astype(int) + 1
+    out = rng.integers(5, 800, n)
+    hashes = [[int(rng.integers(0, 5))] + [int(x) for x in rng.integers(10, 10**9, 3)] for _ in range(n)]
+    lat = rng.uniform(0.5, 5, n)
+    return arr, prompt, out, hashes, lat
+
+
+def test_faithful_pool_passes():
+    w = _workload()
+    rep = compare(_stats(*w), _stats(*w))
+    assert rep["passed"] and not rep["failures"]
+    assert {"prompt_tokens.ks", "prefix_hit_rate.delta_pp", "arrival.idc_1s_ratio", "arrival.idc_60s_ratio",
+            "concurrency.p95_ratio"} <= set(rep["checks"])
+    assert all({"value", "threshold", "passed"} <= set(c) for c in rep["checks"].values())
+
+
+def test_distorted_prompt_lengths_fail_naming_the_statistic():
+    arr, prompt, out, hashes, lat = _workload()
+    rep = compare(_stats(arr, prompt, out, hashes, lat), _stats(arr, (prompt * 1.3).astype(int), out, hashes, lat))
+    assert not rep["passed"]
+    assert not rep["checks"]["prompt_tokens.ks"]["passed"] and rep["checks"]["output_tokens.ks"]["passed"]
+    assert any("prompt_tokens.p50_ratio" in f and "off by" in f for f in rep["failures"])
+
+
+def test_distorted_arrivals_and_prefix_reuse_fail():
+    arr, prompt, out, hashes, lat = _workload()
+    poisson = np.cumsum(np.random.default_rng(1).exponential(arr[-1] / len(arr), len(arr)))
+    rep = compare(_stats(arr, prompt, out, hashes, lat), _stats(poisson, prompt, out, hashes, lat))
+    failed = {k for k, c in rep["checks"].items() if not c["passed"]}
+    assert "arrival.cv_ratio" in failed and "arrival.idc_10s_ratio" in failed
+    assert "prompt_tokens.ks" not in failed
+    unique = [[10**12 + 7 * i + j for j in range(4)] for i in range(len(arr))]
+    rep2 = compare(_stats(arr, prompt, out, hashes, lat), _stats(arr, prompt, out, unique, lat))
+    assert not rep2["checks"]["prefix_hit_rate.delta_pp"]["passed"]
+    assert "pp" in rep2["checks"]["prefix_hit_rate.delta_pp"]["message"]
+
+
+def test_thresholds_are_configurable():
+    arr, prompt, out, hashes, lat = _workload()
+    pool = _stats(arr, (prompt * 1.03).astype(int), out, hashes, lat)
+    assert not compare(_stats(arr, prompt, out, hashes, lat), pool)["passed"]  # mean off by 3% > 2%
+    loose = FidelityThresholds(ks_max=0.2, p50_tol=0.05, p99_tol=0.1, mean_tol=0.05)
+    assert compare(_stats(arr, prompt, out, hashes, lat), pool, loose)["passed"]
