@@ -19,7 +19,8 @@ SIGKILL after a grace period).
   startup_timeout_s  how long to wait for health (default 900)
   stop_grace_s       SIGTERM-to-SIGKILL grace (default 30)
   run_dir            where per-deployment directories go (default ``out/sglang-runs/<endpoint>``)
-  served_model_name, api_key_env, workers, validate (run SGLang's parser first; default true)
+  served_model_name, api_key_env, workers
+  validate           run SGLang's parser before launching (default: true unless launch_command is set)
 """
 from __future__ import annotations
 
@@ -109,6 +110,16 @@ def validate_with_sglang_parser(config: dict[str, Any], model_path: str, *, extr
     if not out.get("installed"):
         return None
     return list(out["errors"])
+
+
+def sglang_argv(base: list[str], config: dict[str, Any], *, model_path: str, host: str, port: int, seed: int,
+                served_model_name: str | None = None, extra_args: list[Any] | None = None) -> list[str]:
+    """``base`` + the server flags the harness always sets + ``launch_flags(config)`` + extra args."""
+    cmd = list(base) + ["--model-path", model_path, "--host", host, "--port", str(port),
+                        "--enable-metrics", "--enable-cache-report", "--random-seed", str(seed)]
+    if served_model_name:
+        cmd += ["--served-model-name", str(served_model_name)]
+    return cmd + launch_flags(config) + [str(a) for a in (extra_args or [])]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -259,11 +270,8 @@ class SGLangEngine:
 
     def launch_command(self, config: dict[str, Any], *, port: int, seed: int = 0) -> list[str]:
         """The full argv for a config (validated against KNOBS; SpecError names a bad knob)."""
-        cmd = self.base_command() + ["--model-path", self.model_path, "--host", self.host, "--port", str(port),
-                                     "--enable-metrics", "--enable-cache-report", "--random-seed", str(seed)]
-        if self.model:
-            cmd += ["--served-model-name", str(self.model)]
-        return cmd + launch_flags(config) + [str(a) for a in self.opts.get("extra_args", [])]
+        return sglang_argv(self.base_command(), config, model_path=self.model_path, host=self.host, port=port,
+                           seed=seed, served_model_name=self.model, extra_args=self.opts.get("extra_args", []))
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
