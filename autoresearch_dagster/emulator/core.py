@@ -737,7 +737,10 @@ class EngineCore:
                     break
 
     def pop_finished(self) -> list[_Req]:
+        """Requests finished (or aborted) since the last call; the core forgets them."""
         out, self._finished = self._finished, []
+        for r in out:
+            self._by_rid.pop(r.rid, None)
         return out
 
     # ------------------------------------------------------------------ admin

@@ -41,8 +41,9 @@ class Efficiency:
       SGLang's overlap scheduler (SGLang's own reports of single-digit-% CPU overhead at ~10-30 ms steps).
     - ``per_req_overhead_s`` 6 us: per running request per step (batch tensors, output processing),
       divided by ``stream_interval`` for the streaming part.
-    - ``eager_layer_s`` 60 us: kernel launches of one transformer layer outside a CUDA graph
-      (~10-15 kernels x ~5 us launch on a busy Python thread).
+    - ``eager_layer_s`` 120 us: Python + kernel launches of one transformer layer outside a CUDA
+      graph (~10-15 kernels x 5-10 us on a busy Python thread; x1.5 for MoE layers). SGLang's
+      motivation for CUDA graphs: eager decode of small models is launch-bound.
     - ``kernel_floor_s`` 6 us per layer: the minimum time of a layer's kernels at tiny batches.
     """
     gemm_mfu: float = 0.70
@@ -53,7 +54,7 @@ class Efficiency:
     comm_eff: float = 0.70
     step_overhead_s: float = 0.0009
     per_req_overhead_s: float = 6e-6
-    eager_layer_s: float = 60e-6
+    eager_layer_s: float = 120e-6
     kernel_floor_s: float = 6e-6
 
     def replace(self, **kw) -> "Efficiency":
@@ -164,7 +165,8 @@ class CostModel:
             c.draft_s = draft_steps * one
         pure_decode = prefill_tokens == 0
         if pure_decode and decode_reqs > self.graph_bs:
-            c.launch_s = m.layers * e.eager_layer_s * (1 + draft_steps * 0.1)
+            moe_kernels = 1.5 if m.is_moe else 1.0  # routing, align, two expert GEMMs: more launches per layer
+            c.launch_s = m.layers * e.eager_layer_s * moe_kernels * (1 + draft_steps * 0.1)
         c.cpu_s = e.step_overhead_s + max(n_running, decode_reqs) * e.per_req_overhead_s * (0.5 + 0.5 / self.stream_interval)
         return c
 

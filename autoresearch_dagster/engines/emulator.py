@@ -1,0 +1,192 @@
+"""Owns the 'emulator' engine: the embedded SGLang emulator as an Engine, in virtual time or over HTTP.
+
+Virtual mode: ``deploy`` builds an ``EngineCore`` and each ``run_step`` simulates the schedule in
+virtual time (send offsets become arrival times), returning the same ``RequestRecord``s the HTTP
+runner would measure: TTFT, the gaps between streamed chunks (honouring ``stream_interval``), E2E,
+output tokens, status. The deployment's virtual clock and prefix cache persist across steps until
+``flush_cache``. HTTP mode starts the emulator's real-time server in a thread and measures it with
+the runner's ``HttpDeployment``.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from autoresearch_dagster.emulator.catalog import gpu, model_card
+from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
+from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.emulator.noise import NoiseSettings
+from autoresearch_dagster.emulator.profile import write_profile
+from autoresearch_dagster.emulator.sim import simulate
+from autoresearch_dagster.engines.base import EngineError
+from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest, StepOutcome
+from autoresearch_dagster.spec import EndpointSpec, SpecError, validate_server_config
+
+STEP_GAP_S = 5.0  # virtual idle time between consecutive load steps of one deployment
+
+
+def emulator_version() -> str:
+    try:
+        v = importlib.metadata.version("autoresearch-dagster")
+    except importlib.metadata.PackageNotFoundError:
+        from autoresearch_dagster import __version__ as v
+    return f"emulator-{v}"
+
+
+class VirtualDeployment:
+    """One emulated server in virtual time (implements the Deployment protocol)."""
+
+    base_url: str | None = None
+
+    def __init__(self, endpoint: EndpointSpec, config: dict[str, Any], *, seed: int = 0,
+                 noise: NoiseSettings | None = None, efficiency: Efficiency | None = None,
+                 sample_interval_s: float = 1.0):
+        self.endpoint = endpoint
+        self.config = validate_server_config(config)
+        self.core = EngineCore(model_card(endpoint.model), gpu(endpoint.hardware.gpu), endpoint.gpus, self.config,
+                               seed=seed, noise=noise, efficiency=efficiency)
+        self.clock = 0.0
+        self.sample_interval_s = sample_interval_s
+        self._profile_dir: str | None = None
+        self._profile_id: str | None = None
+        self._closed = False
+
+    def run_step(self, schedule: list[ScheduledRequest], *, step_id: str, timeout_s: float) -> StepOutcome:
+        if self._closed:
+            raise EngineError("deployment is closed")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        base = self.clock + STEP_GAP_S
+        reqs = [EmuRequest(rid=s.request_id, prompt_tokens=max(1, int(s.prompt_tokens)),
+                           output_tokens=max(1, int(s.output_tokens)), block_hashes=list(s.block_hashes or []),
+                           block_tokens=int(s.block_tokens or 64), arrival_s=base + float(s.send_offset_s))
+                for s in schedule]
+        last = max((r.arrival_s for r in reqs), default=base)
+        wall0 = time.perf_counter()
+        res = simulate(self.core, reqs, sample_interval_s=self.sample_interval_s,
+                       deadline_s=last + timeout_s, start_s=base)
+        si = res.stream_interval
+        by_id = {r.rid: r for r in res.requests}
+        records: list[RequestRecord] = []
+        for s in schedule:
+            r = by_id[s.request_id]
+            first = None if r.first_token_s is None else r.first_token_s - base
+            end = None if r.end_s is None else r.end_s - base
+            if r.status == "timeout":
+                end = (last + timeout_s) - base
+            records.append(RequestRecord(
+                request_id=s.request_id, step_id=step_id, scheduled_s=float(s.send_offset_s),
+                sent_s=float(s.send_offset_s), first_token_s=first, end_s=end,
+                ttft_s=r.ttft_s, itl_s=r.itl_s(si).tolist() if r.status == "ok" else [],
+                e2e_s=r.e2e_s if r.status == "ok" else None, prompt_tokens=int(s.prompt_tokens),
+                output_tokens=r.output_tokens, status=r.status,
+                http_status=200 if r.status == "ok" else (503 if r.status == "error" else None),
+                error_class=None if r.status == "ok" else ("timeout" if r.status == "timeout" else "server_error"),
+                cached_tokens=r.cached_tokens))
+        self.clock = max(res.end_s, last)
+        duration = max((rec.end_s or 0.0) for rec in records) if records else 0.0
+        return StepOutcome(step_id=step_id, records=records, duration_s=duration,
+                           engine_timeseries=res.timeseries,
+                           meta={"engine": "emulator", "virtual": True, "sim_wall_s": time.perf_counter() - wall0,
+                                 "send_lag_p99_ms": 0.0, "virtual_start_s": base})
+
+    def flush_cache(self) -> bool:
+        return self.core.flush_cache()
+
+    def server_info(self) -> dict[str, Any]:
+        return {**self.core.server_info(), "version": emulator_version(), "engine": "emulator", "mode": "virtual"}
+
+    def metrics_text(self) -> str:
+        from autoresearch_dagster.emulator.prometheus import exposition, render_scalar
+
+        labels = {"model_name": self.endpoint.model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+                  "moe_ep_rank": "0"}
+        return exposition([render_scalar(k, v, labels) for k, v in sorted(self.core.metrics().items())])
+
+    def start_profile(self, output_dir: str) -> None:
+        self.core.start_profile()
+        self._profile_dir = output_dir
+        self._profile_id = f"{self.clock:.3f}"
+
+    def stop_profile(self) -> list[str]:
+        if self._profile_dir is None:
+            raise EngineError("stop_profile without start_profile")
+        trace = self.core.stop_profile()
+        paths = write_profile(trace, self._profile_dir, self._profile_id or "0", self.core.knobs["tp_size"])
+        self._profile_dir = None
+        return paths
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class EmulatorEngine:
+    """Engine protocol over the emulator; ``mode='virtual'`` (default) or ``'http'``."""
+
+    name = "emulator"
+    restartable = True
+
+    def __init__(self, endpoint: EndpointSpec, *, mode: Literal["virtual", "http"] = "virtual",
+                 noise: NoiseSettings | None = None, efficiency: Efficiency | None = None):
+        if mode not in ("virtual", "http"):
+            raise SpecError(f"emulator mode must be 'virtual' or 'http', got {mode!r}")
+        model_card(endpoint.model)
+        gpu(endpoint.hardware.gpu)
+        self.endpoint, self.mode = endpoint, mode
+        self.noise = noise
+        self.efficiency = efficiency
+        self._servers: list[Any] = []
+
+    def deploy(self, config: dict[str, Any], *, seed: int = 0):
+        if self.mode == "virtual":
+            return VirtualDeployment(self.endpoint, config, seed=seed, noise=self.noise, efficiency=self.efficiency)
+        return self._deploy_http(config, seed)
+
+    def _deploy_http(self, config: dict[str, Any], seed: int):
+        from autoresearch_dagster.emulator.server import EmulatorServer, serve_in_thread
+        from autoresearch_dagster.loadgen.http_runner import HttpDeployment
+
+        core = EngineCore(model_card(self.endpoint.model), gpu(self.endpoint.hardware.gpu), self.endpoint.gpus,
+                          validate_server_config(config), seed=seed, noise=self.noise, efficiency=self.efficiency)
+        server = EmulatorServer(self.endpoint, config, seed=seed, noise=self.noise, core=core)
+        running = serve_in_thread(server)
+        dep = HttpDeployment(running.base_url, model=self.endpoint.model)
+        return _HttpEmulatorDeployment(dep, running)
+
+    def version(self) -> str:
+        return emulator_version()
+
+
+class _HttpEmulatorDeployment:
+    """The runner's HttpDeployment over a server this engine started; ``close`` stops the server."""
+
+    def __init__(self, dep: Any, running: Any):
+        self._dep, self._running = dep, running
+        self.base_url = dep.base_url
+
+    def run_step(self, schedule, *, step_id, timeout_s):
+        return self._dep.run_step(schedule, step_id=step_id, timeout_s=timeout_s)
+
+    def flush_cache(self) -> bool:
+        return self._dep.flush_cache()
+
+    def server_info(self) -> dict[str, Any]:
+        return self._dep.server_info()
+
+    def metrics_text(self) -> str:
+        return self._dep.metrics_text()
+
+    def start_profile(self, output_dir: str) -> None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        self._dep.start_profile(output_dir)
+
+    def stop_profile(self) -> list[str]:
+        return self._dep.stop_profile()
+
+    def close(self) -> None:
+        try:
+            self._dep.close()
+        finally:
+            self._running.stop()

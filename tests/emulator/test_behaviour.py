@@ -1,0 +1,190 @@
+"""The emulator's behaviours that must hold (issue 3): direction and rough size of each knob's effect."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from autoresearch_dagster.emulator.catalog import gpu, model_card
+from autoresearch_dagster.emulator.cost import CostModel, Efficiency
+from autoresearch_dagster.emulator.sim import simulate
+from autoresearch_dagster.emulator.workloads import MemoryPool
+from .helpers import capacity, core, pool, reqs
+
+
+def _itl_p99(res, prefix: str) -> float:
+    return float(np.percentile(np.concatenate([r.itl_s() for r in res.requests if r.rid.startswith(prefix)]), 99))
+
+
+def _ttft_mean(res, prefix: str) -> float:
+    return float(np.mean([r.ttft_s for r in res.requests if r.rid.startswith(prefix)]))
+
+
+# ------------------------------------------------------------------ prefill / decode interference
+
+def _interference(config: dict, with_long: bool = True):
+    work = reqs(64, 200, 1500, prefix="bg")
+    if with_long:  # 16k-token prompts = two 8192-token chunks each, arriving during decode
+        work += reqs(30, 16000, 50, start=2.0, every=0.8, prefix="long")
+    return simulate(core(config), work)
+
+
+def test_long_prompts_raise_itl_and_interval_trades_it_for_ttft():
+    quiet = _interference({}, with_long=False)
+    default = _interference({})
+    interval = _interference({"prefill_decode_interval": 8})
+    assert _itl_p99(default, "bg") > 3 * _itl_p99(quiet, "bg")  # prefill chunks stall every decode
+    assert _itl_p99(interval, "bg") < 0.7 * _itl_p99(default, "bg")  # chunks no longer back to back
+    assert _ttft_mean(interval, "long") > 1.3 * _ttft_mean(default, "long")  # the prompts wait for decode rounds
+
+
+def _mixed_pool() -> MemoryPool:
+    long = pool(n=300, prompt_median=16000, prompt_sigma=0.1, output_median=100, output_sigma=0.3, seed=1).requests
+    chat = pool(n=700, prompt_median=800, prompt_sigma=0.3, output_median=300, output_sigma=0.3, seed=2).requests
+    mix = long + chat
+    random.Random(0).shuffle(mix)
+    return MemoryPool(mix)
+
+
+def test_interval_raises_capacity_under_itl_sla():
+    p = _mixed_pool()
+    sla = "ttft_p99<=10000ms,itl_p99<=150ms"
+    base = capacity({}, p, sla=sla).capacity_rps
+    tuned = capacity({"prefill_decode_interval": 2}, p, sla=sla).capacity_rps
+    assert base > 0
+    assert tuned > 1.5 * base
+
+
+def test_larger_chunk_lowers_long_prompt_ttft_and_raises_itl_spikes():
+    # with decode rounds between chunks (the interval), the chunk size sets both the number of
+    # rounds a long prompt waits through and the length of each decode stall
+    small = _interference({"chunked_prefill_size": 2048, "prefill_decode_interval": 2})
+    large = _interference({"chunked_prefill_size": 16384, "prefill_decode_interval": 2})
+    assert _ttft_mean(large, "long") < 0.7 * _ttft_mean(small, "long")
+    assert _itl_p99(large, "bg") > 2 * _itl_p99(small, "bg")
+
+
+# ------------------------------------------------------------------ prefix cache
+
+def test_radix_cache_helps_shared_prefixes_not_unique_prompts():
+    sla = "ttft_p99<=2000ms,tpot_p99<=60ms"
+    shared = pool(n=600, prompt_median=3000, prompt_sigma=0.1, output_median=60, output_sigma=0.3,
+                  shared_prefix_tokens=2560, n_prefixes=4, seed=3)
+    unique = pool(n=600, prompt_median=3000, prompt_sigma=0.1, output_median=60, output_sigma=0.3, seed=3)
+    on_s = capacity({}, shared, sla=sla).capacity_rps
+    off_s = capacity({"disable_radix_cache": True}, shared, sla=sla).capacity_rps
+    on_u = capacity({}, unique, sla=sla).capacity_rps
+    off_u = capacity({"disable_radix_cache": True}, unique, sla=sla).capacity_rps
+    assert on_s > 1.3 * off_s
+    assert abs(on_u - off_u) <= 0.1 * off_u
+
+
+def test_cached_tokens_skip_prefill_and_are_reported():
+    c = core({})
+    first = simulate(c, reqs(1, 4096, 4, prefix="a", shared_blocks=60))
+    second = simulate(c, reqs(1, 4096, 4, start=first.end_s + 1, prefix="b", shared_blocks=60))
+    assert first.requests[0].cached_tokens == 0
+    assert second.requests[0].cached_tokens == 60 * 64
+    assert second.requests[0].ttft_s < 0.5 * first.requests[0].ttft_s
+    m = c.metrics()
+    assert m["sglang:cached_tokens_total"] == 60 * 64
+    assert m["sglang:prompt_tokens_total"] == 2 * 4096
+
+
+# ------------------------------------------------------------------ speculative decoding
+
+def _spec_run(config: dict, n: int, every: float):
+    c = core(config, model="llama-3.1-8b", gpu_name="H100")
+    return simulate(c, reqs(n, 300, 300, every=every, prefix="s"))
+
+
+def test_speculative_decoding_helps_at_low_concurrency_not_at_saturation():
+    spec = {"speculative_algorithm": "EAGLE", "max_running_requests": 256}
+    plain = {"max_running_requests": 256}
+    lo_plain, lo_spec = _spec_run(plain, 8, 2.0), _spec_run(spec, 8, 2.0)
+    tpot = lambda res: np.median([(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in res.requests])  # noqa: E731
+    assert tpot(lo_spec) < 0.6 * tpot(lo_plain)
+    assert lo_spec.final_metrics["sglang:spec_accept_length_avg"] > 2.0
+    hi_plain, hi_spec = _spec_run(plain, 256, 0.0), _spec_run(spec, 256, 0.0)
+    thr = lambda res: res.generated_tokens / (res.end_s - res.start_s)  # noqa: E731
+    assert thr(hi_spec) < 1.05 * thr(hi_plain)  # no gain (or a loss) once the batch is compute-bound
+    assert thr(lo_spec) / thr(lo_plain) > thr(hi_spec) / thr(hi_plain)
+
+
+def test_speculative_decoding_caps_running_requests_at_48_by_default():
+    assert core({"speculative_algorithm": "EAGLE"}).knobs["max_running_requests"] == 48
+    assert core({}).knobs["max_running_requests"] > 48
+
+
+# ------------------------------------------------------------------ quantization
+
+def test_fp8_weights_raise_capacity():
+    p = pool(n=600, prompt_median=1500, output_median=250, seed=4)
+    sla = "ttft_p99<=3000ms,tpot_p99<=50ms"
+    base = capacity({}, p, sla=sla).capacity_rps
+    fp8 = capacity({"quantization": "fp8"}, p, sla=sla).capacity_rps
+    assert fp8 > 1.2 * base
+
+
+def test_fp8_kv_doubles_tokens_and_raises_concurrency():
+    small = {"mem_fraction_static": 0.45}  # a KV-bound deployment
+    bf16, fp8 = core(small), core({**small, "kv_cache_dtype": "fp8_e4m3"})
+    ratio = fp8.resolved.max_total_num_tokens / bf16.resolved.max_total_num_tokens
+    assert 1.9 < ratio < 2.1
+    work = reqs(400, 3000, 800, prefix="k")
+    peak = {}
+    for name, c in (("bf16", bf16), ("fp8", fp8)):
+        res = simulate(c, work, sample_interval_s=0.5)
+        peak[name] = max(s["sglang:num_running_reqs"] for s in res.timeseries)
+    assert peak["fp8"] > 1.5 * peak["bf16"]
+
+
+# ------------------------------------------------------------------ CUDA graphs, memory
+
+def test_small_cuda_graph_batch_costs_throughput():
+    work = reqs(200, 500, 400, prefix="g")
+    thr = {}
+    for bs in (32, 256):
+        res = simulate(core({"cuda_graph_max_bs_decode": bs}), work)
+        thr[bs] = res.generated_tokens / (res.end_s - res.start_s)
+        assert res.final_metrics["sglang:eager_passes_total"] > 0 if bs == 32 else True
+    assert thr[32] < 0.93 * thr[256]
+
+
+def test_too_little_kv_causes_retractions_and_capacity_collapse():
+    work = reqs(240, 2000, 600, every=0.25)  # 4 req/s: ~25 requests in flight, ~65k KV tokens
+    tight = simulate(core({"mem_fraction_static": 0.395}), work)  # ~8 GiB (~37k tokens) of KV after the weights
+    roomy = simulate(core({}), work)
+    assert tight.final_metrics["sglang:num_retracted_requests_total"] > 0
+    assert roomy.final_metrics["sglang:num_retracted_requests_total"] == 0
+    assert all(r.status == "ok" and r.output_tokens == 600 for r in tight.requests)  # retracted, then resumed
+    ttft99 = lambda res: np.percentile([r.ttft_s for r in res.requests], 99)  # noqa: E731
+    assert ttft99(tight) > 10 * ttft99(roomy)  # the queue builds up: this load is past the tight capacity
+    served = lambda res: len(res.requests) / (res.end_s - res.start_s)  # noqa: E731
+    assert served(tight) < 0.8 * served(roomy)
+
+
+# ------------------------------------------------------------------ first principles
+
+def test_decode_step_of_dense_8b_is_weight_bytes_over_bandwidth():
+    m, g = model_card("llama-3.1-8b"), gpu("H100")
+    eff = Efficiency()
+    cm = CostModel(m, g, tp=1, fp8_weights=False, kv_bytes=2)
+    step = cm.step(decode_reqs=1, decode_ctx=512).total_s
+    bound = m.total_params * 2 / g.hbm_bw  # ~16 GB / 3.35 TB/s = 4.8 ms
+    assert bound < step
+    assert step == pytest.approx(bound / eff.mbu + eff.step_overhead_s, rel=0.15)
+    assert 5e-3 < step < 9e-3
+
+
+def test_long_prefill_is_flops_over_peak_times_efficiency():
+    m, g = model_card("llama-3.1-8b"), gpu("H100")
+    eff = Efficiency()
+    n = 16384
+    cm = CostModel(m, g, tp=1, fp8_weights=False, kv_bytes=2)
+    t = cm.step(prefill_tokens=n, prefill_seqs=1, prefill_attn_work=n * n / 2).total_s
+    gemm = 2 * n * m.active_params / (g.bf16_flops * eff.gemm_mfu)
+    attn = 4 * m.layers * m.heads * m.head_dim * n * n / 2 / (g.bf16_flops * eff.attn_mfu)
+    assert t == pytest.approx(gemm + attn, rel=0.1)
+    assert 0.3 < t < 0.8  # ~270 TFLOP at ~600 TFLOP/s achieved
