@@ -49,27 +49,29 @@ SGLANG_PYTHON_ENV = "AUTORESEARCH_SGLANG_PYTHON"
 
 _PARSER_SCRIPT = r"""
 import contextlib, io, json, sys
-argv = json.loads(sys.stdin.read())
+argvs = json.loads(sys.stdin.read())
 try:
     from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 except ImportError as e:
     print(json.dumps({"installed": False, "error": str(e)}))
     sys.exit(0)
-errors = []
-err = io.StringIO()
-try:
-    with contextlib.redirect_stderr(err):
-        args = prepare_server_args(argv)
-    algo = getattr(args, "speculative_algorithm", None)
-    if algo:
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        SpeculativeAlgorithm.from_string(algo)
-except SystemExit:
-    lines = [l for l in err.getvalue().splitlines() if "error:" in l]
-    errors.append(lines[-1].strip() if lines else err.getvalue().strip()[-500:] or "argument parsing failed")
-except Exception as e:
-    errors.append(f"{type(e).__name__}: {e}")
-print(json.dumps({"installed": True, "errors": errors}))
+
+def check(argv):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = prepare_server_args(argv)
+        if getattr(args, "speculative_algorithm", None):
+            SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+    except SystemExit:
+        lines = [l for l in err.getvalue().splitlines() if "error:" in l]
+        return [lines[-1].strip() if lines else err.getvalue().strip()[-500:] or "argument parsing failed"]
+    except Exception as e:
+        return [f"{type(e).__name__}: {e}"]
+    return []
+
+print(json.dumps({"installed": True, "errors": [check(a) for a in argvs]}))
 """
 
 
@@ -85,20 +87,40 @@ def validate_with_sglang_parser(config: dict[str, Any], model_path: str, *, extr
                                 python: str | None = None, timeout_s: float = 180.0) -> list[str] | None:
     """Errors SGLang's own parser reports for this config ([] when valid); None when sglang is not installed.
 
+    A config the KNOBS table already rejects gets that error without starting SGLang.
+
     The parser (``sglang.srt.server_args.prepare_server_args``) runs on CPU in a child interpreter:
     ``python`` if given, else ``$AUTORESEARCH_SGLANG_PYTHON``, else this one when it has sglang. It
     parses and checks the speculative algorithm's name; it does not resolve defaults (that needs
     the model's config and happens at server start, which ``/server_info`` then reports).
     """
-    try:
-        argv = ["--model-path", model_path] + launch_flags(config) + list(extra_args or [])
-    except SpecError as e:
-        return [str(e)]
+    out = validate_configs_with_sglang_parser([config], model_path, extra_args=[extra_args or []], python=python,
+                                              timeout_s=timeout_s)
+    return None if out is None else out[0]
+
+
+def validate_configs_with_sglang_parser(configs: list[dict[str, Any]], model_path: str, *,
+                                        extra_args: list[list[str]] | None = None, python: str | None = None,
+                                        timeout_s: float = 300.0) -> list[list[str]] | None:
+    """``validate_with_sglang_parser`` for many configs in one child interpreter (sglang imports once)."""
+    extra_args = extra_args or [[] for _ in configs]
+    if len(extra_args) != len(configs):
+        raise ValueError("extra_args needs one list per config")
+    results: list[list[str] | None] = []
+    argvs: list[list[str]] = []
+    for config, extra in zip(configs, extra_args):
+        try:
+            argvs.append(["--model-path", model_path] + launch_flags(config) + [str(a) for a in extra])
+            results.append(None)
+        except SpecError as e:
+            results.append([str(e)])
+    if not argvs:  # every config already failed the KNOBS table
+        return [r or [] for r in results]
     exe = _sglang_python(python)
     if exe is None:
         return None
     try:
-        proc = subprocess.run([exe, "-c", _PARSER_SCRIPT], input=json.dumps(argv), capture_output=True, text=True,
+        proc = subprocess.run([exe, "-c", _PARSER_SCRIPT], input=json.dumps(argvs), capture_output=True, text=True,
                               timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise EngineError(f"could not run SGLang's argument parser with {exe}: {e}") from None
@@ -109,7 +131,8 @@ def validate_with_sglang_parser(config: dict[str, Any], model_path: str, *, extr
         raise EngineError(f"SGLang's argument parser crashed under {exe}: {proc.stderr.strip()[-500:]}") from None
     if not out.get("installed"):
         return None
-    return list(out["errors"])
+    parsed = iter(out["errors"])
+    return [r if r is not None else list(next(parsed)) for r in results]
 
 
 def sglang_argv(base: list[str], config: dict[str, Any], *, model_path: str, host: str, port: int, seed: int,

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from autoresearch_dagster.engines.base import EngineError
-from autoresearch_dagster.engines.sglang import SGLangEngine, config_drift, validate_with_sglang_parser
+from autoresearch_dagster.engines.sglang import (SGLangEngine, config_drift, validate_configs_with_sglang_parser,
+                                                 validate_with_sglang_parser)
 from autoresearch_dagster.loadgen.records import ScheduledRequest
 from autoresearch_dagster.spec import EndpointSpec, SpecError
 
@@ -141,13 +142,15 @@ def _sglang_python() -> str | None:
                            "(scripts/sglang_parser_extra.sh builds a parser venv)")
 def test_real_sglang_parser_accepts_valid_and_rejects_invalid_configs():
     py = _sglang_python()
-    ok = validate_with_sglang_parser({"chunked_prefill_size": 4096, "schedule_policy": "lpm", "quantization": "fp8",
-                                      "kv_cache_dtype": "fp8_e4m3", "cuda_graph_max_bs_decode": 128,
-                                      "speculative_algorithm": "EAGLE"}, "/models/m", python=py)
+    valid = {"chunked_prefill_size": 4096, "schedule_policy": "lpm", "quantization": "fp8",
+             "kv_cache_dtype": "fp8_e4m3", "cuda_graph_max_bs_decode": 128, "speculative_algorithm": "EAGLE"}
+    ok, removed, bad_choice, bad_algo, bad_knob = validate_configs_with_sglang_parser(
+        [valid, {}, {}, {}, {"tp_size": 3}], "/models/m", python=py,
+        extra_args=[[], ["--cuda-graph-max-bs", "128"], ["--schedule-policy", "bogus"],
+                    ["--speculative-algorithm", "MTP"], []])
     assert ok == []
-    removed = validate_with_sglang_parser({}, "/models/m", extra_args=["--cuda-graph-max-bs", "128"], python=py)
     assert removed and "ambiguous option: --cuda-graph-max-bs" in removed[0]
-    bad_choice = validate_with_sglang_parser({}, "/models/m", extra_args=["--schedule-policy", "bogus"], python=py)
     assert bad_choice and "invalid choice: 'bogus'" in bad_choice[0]
-    bad_algo = validate_with_sglang_parser({}, "/models/m", extra_args=["--speculative-algorithm", "MTP"], python=py)
     assert bad_algo and "MTP" in bad_algo[0]
+    assert bad_knob and "tp_size" in bad_knob[0]  # caught by KNOBS before SGLang sees it
+    assert validate_with_sglang_parser({"page_size": 16}, "/models/m", python=py) == []
