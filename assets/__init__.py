@@ -1,0 +1,1 @@
+"""Dagster assets and checks of the loop: thin wrappers that call the core and attach metadata."""

@@ -1,0 +1,248 @@
+"""Owns the loop assets: confirmed_baseline (root), noise_baseline, diagnostic_report, proposals,
+experiment_results (+ blocking correctness_gate check) and promotion_decision. Thin: each calls the
+core and attaches metadata; files go to the artifact store, rows to the results lake."""
+
+import json
+from typing import Any
+
+import dagster as dg
+
+from assets.config import PROMOTED_FROM_TAG, BaselineConfig
+from assets.metadata import json_safe, png_markdown
+from assets.partitions import EAGER, endpoints
+from assets.plots import load_curves_png, ratio_png
+from resources import ArtifactStore, EndpointRegistry, EngineFactory, MeasurementSettings, ResultsLakeResource
+
+LOOP = "loop"
+
+
+def _pool(store: ArtifactStore, name: str) -> Any:
+    from autoresearch_dagster.pool import read_pool
+
+    return read_pool(store.dir(name, "replay_pool") / "replay_pool.parquet")
+
+
+def _baseline(store: ArtifactStore, name: str) -> dict[str, Any]:
+    return store.read_json(name, "confirmed_baseline", "baseline.json")
+
+
+@dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"})
+def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig,
+                       registry: EndpointRegistry, store: ArtifactStore) -> dg.MaterializeResult:
+    """The working baseline server config of the endpoint. A root asset: seeded from the endpoint
+    spec by the discovery sensor and re-materialized with a candidate's config by the promotion
+    sensor (the loop's back edge). The spec's own config stays the campaign's original reference."""
+    from autoresearch_dagster.spec import config_hash, validate_server_config
+
+    name = context.partition_key
+    spec = registry.load(name)
+    server_config = (validate_server_config(json.loads(config.server_config_json))
+                     if config.server_config_json else dict(spec.server_config))
+    source_run = context.run.tags.get(PROMOTED_FROM_TAG)
+    record = {"endpoint": name, "candidate_id": config.candidate_id, "server_config": server_config,
+              "config_hash": config_hash(server_config), "original_config": dict(spec.server_config),
+              "original_config_hash": config_hash(spec.server_config), "promoted_from_run": source_run,
+              "run_id": context.run.run_id}
+    path = store.write_json(name, "confirmed_baseline", "baseline.json", record)
+    store.write_json(name, "confirmed_baseline", f"history/{context.run.run_id}.json", record)
+    metadata: dict[str, Any] = {
+        "candidate_id": config.candidate_id,
+        "config_hash": record["config_hash"],
+        "server_config": dg.MetadataValue.json(json_safe(server_config)),
+        "is_original": record["config_hash"] == record["original_config_hash"],
+        "path": dg.MetadataValue.path(str(path)),
+    }
+    if source_run:
+        metadata["promoted_from"] = dg.MetadataValue.dagster_run(source_run)
+    return dg.MaterializeResult(data_version=dg.DataVersion(record["config_hash"]), metadata=metadata)
+
+
+@dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
+          deps=[confirmed_baseline, dg.AssetKey("replay_pool"), dg.AssetKey("engine_version")])
+def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
+                   settings: MeasurementSettings, store: ArtifactStore,
+                   lake: ResultsLakeResource) -> dg.MaterializeResult:
+    """The endpoint's noise floor: repeated independent capacity searches of the working baseline
+    on the replay pool (fresh deployment per run) → capacity CV and the bootstrap CI of the median.
+    Re-measured whenever the baseline, the pool or the engine version changes."""
+    from autoresearch_dagster.harness import measure_noise
+
+    name = context.partition_key
+    spec = registry.load(name)
+    baseline = _baseline(store, name)
+    result = measure_noise(spec, baseline["server_config"], _pool(store, name), engine=engines.make(spec),
+                           runs=settings.noise_runs, settings=settings.capacity(), results=lake.lake(),
+                           seed=settings.seed)
+    data = json_safe(result.to_dict())
+    path = store.write_json(name, "noise_baseline", "noise.json", data)
+    runs = data.get("capacity_runs") or data.get("run_results") or []
+    plot = load_curves_png(runs, spec.sla, store.dir(name, "noise_baseline") / "load_curves.png",
+                           title=f"{name}: baseline load curves ({len(runs)} runs)",
+                           band=(data["ci_low"], data["ci_high"]) if data.get("ci_low") is not None else None)
+    md = (f"**{name}** baseline `{baseline['config_hash']}`: median capacity "
+          f"{data.get('median', float('nan')):.3f} req/s, CV {data.get('capacity_cv', float('nan')):.2%} over "
+          f"{data.get('runs')} runs\n\n" + png_markdown(plot, "load curves"))
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(f"{baseline['config_hash']}:{data.get('median')}:{data.get('capacity_cv')}"),
+        metadata={
+            "capacity_rps": float(data["median"]),
+            "capacity_cv": float(data["capacity_cv"]),
+            "runs": int(data["runs"]),
+            "capacities": dg.MetadataValue.json(data.get("capacities", [])),
+            "report": dg.MetadataValue.md(md),
+            "path": dg.MetadataValue.path(str(path)),
+            "plot": dg.MetadataValue.path(str(plot)),
+        })
+
+
+@dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json", "markdown"}, automation_condition=EAGER,
+          deps=[confirmed_baseline, noise_baseline, dg.AssetKey("replay_pool"), dg.AssetKey("engine_version")])
+def diagnostic_report(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
+                      store: ArtifactStore) -> dg.MaterializeResult:
+    """Why the endpoint breaks where it does: findings from the workload, the load curve, engine
+    metrics, the GPU profile and probes, each with evidence, and a ranked list of bottleneck
+    hypotheses mapped to research directions and knobs (JSON for the proposers)."""
+    from autoresearch_dagster.diagnose import diagnose
+
+    name = context.partition_key
+    spec = registry.load(name)
+    baseline = _baseline(store, name)
+    out_dir = store.dir(name, "diagnostic_report")
+    report = diagnose(spec, _pool(store, name), engine=engines.make(spec), config=baseline["server_config"],
+                      out_dir=out_dir)
+    data = json_safe(json.loads(report.to_json()) if isinstance(report.to_json(), str) else report.to_json())
+    json_path = store.write_json(name, "diagnostic_report", "report.json", data)
+    markdown = report.to_markdown()
+    (out_dir / "report.md").write_text(markdown)
+    plots = "\n\n".join(png_markdown(p, p.stem) for p in sorted(out_dir.glob("*.png")))
+    top = [{k: h.get(k) for k in ("bottleneck", "direction", "score", "knobs")}
+           for h in data.get("hypotheses", [])[:3]]
+    return dg.MaterializeResult(metadata={
+        "report": dg.MetadataValue.md(markdown + ("\n\n" + plots if plots else "")),
+        "top_hypotheses": dg.MetadataValue.json(top),
+        "n_findings": len(data.get("findings", [])),
+        "top_score": float(top[0]["score"]) if top and top[0].get("score") is not None else 0.0,
+        "path": dg.MetadataValue.path(str(json_path)),
+    })
+
+
+def _tested(store: ArtifactStore, name: str, baseline_hash: str) -> set[str]:
+    path = store.dir(name, "experiment_results") / "history.json"
+    history = json.loads(path.read_text()) if path.exists() else []
+    return {h["candidate_hash"] for h in history if h.get("baseline_hash") == baseline_hash}
+
+
+@dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"}, automation_condition=EAGER,
+          deps=[diagnostic_report, confirmed_baseline, noise_baseline])
+def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry,
+              store: ArtifactStore) -> dg.MaterializeResult:
+    """Four-part proposals (explanation, intervention, numeric prediction, falsifier) for this
+    round: the endpoint's candidate files, then the knobs of the report's top hypotheses. Configs
+    equal to the baseline or already tested against it are left out."""
+    from autoresearch_dagster.agents.proposal import make_proposals
+
+    name = context.partition_key
+    baseline = _baseline(store, name)
+    noise = store.read_json(name, "noise_baseline", "noise.json")
+    report = store.read_json(name, "diagnostic_report", "report.json")
+    margin = max(0.02, float(noise.get("capacity_cv") or 0.0))
+    items = make_proposals(name, report, baseline["server_config"], registry.candidates(name), margin=margin,
+                           tested=_tested(store, name, baseline["config_hash"]))
+    payload = [p.model_dump() for p in items]
+    path = store.write_json(name, "proposals", "proposals.json", payload)
+    table = "\n".join(f"| {p.id} | {p.source} | `{json.dumps(p.intervention)}` | {p.prediction.value:.3f} | "
+                      f"{p.falsifier} |" for p in items)
+    md = ("| id | source | intervention | predicted ratio | falsifier |\n|---|---|---|---|---|\n" + table
+          if items else "no untested proposals for this baseline")
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": len(items),
+        "proposals": dg.MetadataValue.md(md),
+        "margin": margin,
+        "path": dg.MetadataValue.path(str(path)),
+    })
+
+
+def _append_history(store: ArtifactStore, name: str, rows: list[dict[str, Any]]) -> None:
+    path = store.dir(name, "experiment_results") / "history.json"
+    history = json.loads(path.read_text()) if path.exists() else []
+    store.write_json(name, "experiment_results", "history.json", history + rows)
+
+
+@dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
+          deps=[proposals, confirmed_baseline, noise_baseline, dg.AssetKey("replay_pool")],
+          check_specs=[dg.AssetCheckSpec("correctness_gate", asset="experiment_results", blocking=True,
+                                         description="Every lossy candidate kept the model's output "
+                                                     "distribution (top-1 agreement, KL, TV vs baseline).")])
+def experiment_results(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
+                       settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource):
+    """This round's experiments: baseline vs each proposed candidate, interleaved fresh runs on the
+    replay pool, a verdict (better | same | worse | invalid) with its evidence per candidate; rows
+    go to the results lake. The correctness gate check fails when a lossy candidate failed its gate."""
+    from autoresearch_dagster.harness import run_experiment
+    from autoresearch_dagster.spec import config_hash
+
+    name = context.partition_key
+    spec = registry.load(name)
+    baseline = _baseline(store, name)
+    noise = store.read_json(name, "noise_baseline", "noise.json")
+    todo = store.read_json(name, "proposals", "proposals.json")[: settings.experiments_per_round]
+    pool = _pool(store, name)
+    verdicts = []
+    for proposal in todo:
+        context.log.info(f"experiment {proposal['id']}: {proposal['intervention']}")
+        result = run_experiment(spec, baseline["server_config"], proposal["candidate_config"], pool,
+                                engine=engines.make(spec), results=lake.lake(),
+                                noise_cv=float(noise["capacity_cv"]), settings=settings.capacity(),
+                                initial_runs=settings.initial_runs_per_arm, max_runs=settings.max_runs_per_arm,
+                                seed=settings.seed)
+        verdicts.append({**json_safe(result.to_dict()), "candidate_id": proposal["id"],
+                         "candidate_config": proposal["candidate_config"],
+                         "prediction": proposal["prediction"], "falsifier": proposal["falsifier"]})
+    path = store.write_json(name, "experiment_results", "verdicts.json", verdicts)
+    _append_history(store, name, [{"candidate_hash": config_hash(v["candidate_config"]),
+                                   "baseline_hash": baseline["config_hash"], "candidate_id": v["candidate_id"],
+                                   "verdict": v.get("verdict"), "run_id": context.run.run_id} for v in verdicts])
+    metadata: dict[str, Any] = {
+        "dagster/row_count": len(verdicts),
+        "verdicts": dg.MetadataValue.json(verdicts),
+        "path": dg.MetadataValue.path(str(path)),
+    }
+    if verdicts:
+        plot = ratio_png(verdicts, store.dir(name, "experiment_results") / "ratios.png",
+                         title=f"{name}: candidate vs baseline capacity")
+        metadata["ratio"] = float(verdicts[0].get("ratio_median") or 0.0)
+        metadata["plot"] = dg.MetadataValue.md(png_markdown(plot, "capacity ratios"))
+    yield dg.MaterializeResult(metadata=metadata)
+
+    gated = [v for v in verdicts if v.get("correctness") is not None]
+    failed = [v["candidate_id"] for v in gated if not v["correctness"].get("passed")]
+    yield dg.AssetCheckResult(
+        check_name="correctness_gate", passed=not failed, severity=dg.AssetCheckSeverity.ERROR,
+        description=(f"failed for {', '.join(failed)}" if failed else
+                     f"{len(gated)} lossy candidate(s) gated, all passed" if gated else
+                     "no lossy candidate this round: nothing to gate"),
+        metadata={"gated": len(gated), "failed": dg.MetadataValue.json(failed),
+                  "details": dg.MetadataValue.json([{"candidate_id": v["candidate_id"], **v["correctness"]}
+                                                    for v in gated])})
+
+
+@dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"}, automation_condition=EAGER,
+          deps=[experiment_results])
+def promotion_decision(context: dg.AssetExecutionContext, store: ArtifactStore) -> dg.MaterializeResult:
+    """Whether this round promotes a candidate and which: the confirmed "better" verdict with the
+    highest CI lower bound. The promotion sensor turns a positive decision into a new baseline."""
+    from autoresearch_dagster.promotion import decide_promotion
+
+    name = context.partition_key
+    decision = decide_promotion(store.read_json(name, "experiment_results", "verdicts.json"))
+    path = store.write_json(name, "promotion_decision", "decision.json", decision.to_dict())
+    context.log.info(decision.reason)
+    return dg.MaterializeResult(metadata={
+        "promote": decision.promote,
+        "candidate_id": decision.candidate_id or "",
+        "server_config_json": json.dumps(decision.server_config or {}, sort_keys=True),
+        "ratio": float(decision.ratio_median) if decision.ratio_median is not None else 0.0,
+        "reason": decision.reason,
+        "evidence": dg.MetadataValue.json(json_safe(decision.evidence)),
+        "path": dg.MetadataValue.path(str(path)),
+    })

@@ -1,0 +1,52 @@
+"""Owns the engine factory and measurement-settings resources (which engine, how long to measure)."""
+
+from typing import Any
+
+import dagster as dg
+
+from autoresearch_dagster.spec import EndpointSpec
+
+
+class EngineFactory(dg.ConfigurableResource):
+    """Builds the Engine an endpoint names (emulator by default). ``api_key`` comes from dg.EnvVar only."""
+
+    emulator_mode: str = "virtual"
+    api_key: str | None = None
+
+    def make(self, endpoint: EndpointSpec) -> Any:
+        from autoresearch_dagster.engines import make_engine
+
+        return make_engine(endpoint, mode=self.emulator_mode, api_key=self.api_key)
+
+    def version(self, endpoint: EndpointSpec) -> str:
+        return self.make(endpoint).version()
+
+
+class MeasurementSettings(dg.ConfigurableResource):
+    """How much measuring each step does; ``quick()`` is the reduced-but-honest demo profile."""
+
+    step_duration_s: float = 60.0
+    min_completed: int = 100
+    warmup_s: float = 10.0
+    start_rps: float = 1.0
+    growth: float = 2.0
+    resolution: float = 0.05
+    max_steps: int = 20
+    noise_runs: int = 5
+    initial_runs_per_arm: int = 5
+    max_runs_per_arm: int = 20
+    experiments_per_round: int = 1
+    seed: int = 0
+
+    @classmethod
+    def quick(cls) -> "MeasurementSettings":
+        return cls(step_duration_s=20.0, min_completed=40, warmup_s=3.0, resolution=0.1,
+                   max_steps=10, noise_runs=5, initial_runs_per_arm=5, max_runs_per_arm=5,
+                   experiments_per_round=1)
+
+    def capacity(self) -> Any:
+        from autoresearch_dagster.measure import CapacitySettings
+
+        return CapacitySettings(step_duration_s=self.step_duration_s, min_completed=self.min_completed,
+                                start_rps=self.start_rps, growth=self.growth, resolution=self.resolution,
+                                warmup_s=self.warmup_s, max_steps=self.max_steps)

@@ -1,0 +1,58 @@
+"""Owns the storage resources: the Parquet results lake, the artifact directory, the memory directory."""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+
+class ResultsLakeResource(dg.ConfigurableResource):
+    """The Parquet results lake (store of record) and its DuckDB views file."""
+
+    root: str = "out/lake"
+
+    def lake(self) -> Any:
+        from autoresearch_dagster.results import ResultsLake
+
+        return ResultsLake(Path(self.root))
+
+
+class ArtifactStore(dg.ConfigurableResource):
+    """Per-endpoint artifact folders: ``<out_dir>/<endpoint>/<asset>/`` (pools, reports, plots, json)."""
+
+    out_dir: str = "out"
+
+    def dir(self, endpoint: str, asset: str) -> Path:
+        path = Path(self.out_dir).resolve() / endpoint / asset
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def write_json(self, endpoint: str, asset: str, name: str, payload: Any) -> Path:
+        """Atomic JSON write (temp file in the same dir, then os.replace)."""
+        path = self.dir(endpoint, asset) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True, default=str)
+        os.replace(tmp, path)
+        return path
+
+    def read_json(self, endpoint: str, asset: str, name: str) -> Any:
+        path = Path(self.out_dir).resolve() / endpoint / asset / name
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: materialize {asset!r} for endpoint {endpoint!r} first")
+        return json.loads(path.read_text())
+
+
+class MemoryStore(dg.ConfigurableResource):
+    """The findings memory: version-controlled text files under ``path``."""
+
+    path: str = "memory"
+
+    def dir(self) -> Path:
+        p = Path(self.path)
+        p.mkdir(parents=True, exist_ok=True)
+        return p

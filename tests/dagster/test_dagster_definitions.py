@@ -1,0 +1,54 @@
+"""The one Definitions object loads, has the loop's shape, and its sensors run by default."""
+import tomllib
+
+import dagster as dg
+import yaml
+
+from assets.partitions import EAGER
+from autoresearch_dagster.definitions import defs
+from conftest import ROOT
+
+LOOP = ["confirmed_baseline", "noise_baseline", "diagnostic_report", "proposals", "experiment_results",
+        "promotion_decision"]
+
+
+def test_definitions_load_without_cycles():
+    dg.Definitions.validate_loadable(defs)
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert set(LOOP) | {"replay_pool", "engine_version"} <= keys
+    for name in LOOP + ["replay_pool"]:
+        assert graph.get(dg.AssetKey(name)).partitions_def.name == "endpoints"
+
+
+def test_baseline_is_a_root_and_everything_below_is_eager_and_gated():
+    graph = defs.resolve_asset_graph()
+    baseline = graph.get(dg.AssetKey("confirmed_baseline"))
+    assert not baseline.parent_keys and baseline.automation_condition is None
+    for name in LOOP[1:]:
+        assert graph.get(dg.AssetKey(name)).automation_condition == EAGER, name
+
+
+def test_blocking_checks_exist():
+    graph = defs.resolve_asset_graph()
+    checks = {(k.asset_key.to_user_string(), k.name): graph.get(k).blocking for k in graph.asset_check_keys}
+    assert checks[("replay_pool", "replay_fidelity")] is True
+    assert checks[("experiment_results", "correctness_gate")] is True
+
+
+def test_sensors_run_by_default_and_automation_covers_the_source_asset():
+    sensors = {s.name: s for s in defs.sensors}
+    assert set(sensors) == {"endpoint_discovery_sensor", "promotion_sensor", "new_logs_sensor", "loop_automation"}
+    for s in sensors.values():
+        assert s.default_status == dg.DefaultSensorStatus.RUNNING, s.name
+    auto = sensors["loop_automation"]
+    assert isinstance(auto, dg.AutomationConditionSensorDefinition)
+    target = auto.asset_selection.resolve(defs.resolve_asset_graph())
+    assert dg.AssetKey("engine_version") in target and dg.AssetKey("noise_baseline") in target
+
+
+def test_workspace_yaml_is_the_only_loader_config():
+    ws = yaml.safe_load((ROOT / "workspace.yaml").read_text())
+    assert ws["load_from"][0]["python_module"]["module_name"] == "autoresearch_dagster.definitions"
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", {})
+    assert "dagster" not in tool and "dg" not in tool
