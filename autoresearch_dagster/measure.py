@@ -35,8 +35,7 @@ class LoadStep:
     step_id: str
     rate_rps: float  # the rate (or speed-up, for shape replays) this step was asked to offer
     offered_rps: float  # what the schedule actually offered over its window
-    achieved_rps: float  # completed ok / (first send .. last completion)
-    # goodput_rps: requests meeting every SLA term / the same span (so goodput <= achieved)
+    achieved_rps: float  # ok completions/s inside the arrival window after it filled (see _steady_throughput)
     n_sent: int
     n_ok: int
     n_failed: int
@@ -46,7 +45,7 @@ class LoadStep:
     tpot_ms: dict[str, float | None]
     e2e_ms: dict[str, float | None]
     error_rate: float
-    goodput_rps: float
+    goodput_rps: float  # the part of achieved_rps made of requests meeting every SLA term
     meets_sla: bool
     failed_terms: list[str]
     queue_growth: bool
@@ -106,22 +105,62 @@ def good_request(r: RequestRecord, sla: SLA) -> bool:
 def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> bool:
     """Completion lagging arrivals: the in-flight count keeps rising over the step's window.
 
-    In-flight is sampled over the second half of the arrival window (the first half is the queue
-    filling to its steady level); growth = a significant positive slope that adds at least half of
-    the mean in-flight count, or at least two requests, across that stretch.
+    In-flight rises at first anyway while the system fills to its steady level (Little's law: it
+    takes about one end-to-end latency), so only the part of the arrival window after
+    max(half the window, p95 E2E) is examined; growth = a significant positive slope that adds at
+    least half the mean in-flight count, or two requests, across that stretch. Timed-out requests
+    count as never finishing. A window too short to leave a fifth of it after the fill is not judged.
+    In-flight counts are autocorrelated and noisy with long outputs, so growth must also show in
+    latency: the median TTFT or TPOT of the last quarter's arrivals is 1.5x that of the second quarter's.
     """
     lo, hi = window
+    e2e = [r.e2e_s for r in records if r.e2e_s is not None]
     if hi - lo <= 0 or len(records) < 20:
+        return False
+    fill = float(np.percentile(e2e, 95)) if e2e else 0.0
+    start = lo + max((hi - lo) / 2, fill)
+    if hi - start < 0.2 * (hi - lo):
         return False
     starts = np.sort([r.sent_s for r in records])
     ends = np.sort([r.end_s if (r.end_s is not None and r.status != "timeout") else math.inf for r in records])
-    ts = np.linspace(lo + (hi - lo) / 2, hi, 40)
+    ts = np.linspace(start, hi, 40)
     inflight = np.searchsorted(starts, ts, side="right") - np.searchsorted(ends, ts, side="right")
     if np.ptp(inflight) == 0:
         return False
     fit = sstats.linregress(ts, inflight)
     rise = fit.slope * (ts[-1] - ts[0])
-    return bool(fit.slope > 0 and fit.pvalue < 0.01 and rise >= max(2.0, 0.5 * float(np.mean(inflight))))
+    if not (fit.slope > 0 and fit.pvalue < 0.01 and rise >= max(2.0, 0.5 * float(np.mean(inflight)))):
+        return False
+    quarter = (hi - lo) / 4
+    mid = [r for r in records if r.status == "ok" and lo + quarter <= r.scheduled_s < lo + 2 * quarter]
+    late = [r for r in records if lo + 3 * quarter <= r.scheduled_s]
+    for metric in ("ttft", "tpot"):
+        before = _metric_values(mid, metric)
+        after = _metric_values([r for r in late if r.status == "ok"], metric)
+        if before.size and float(np.median(before)) > 0:
+            if not after.size:  # the late arrivals never finished: they are still queued
+                return True
+            if float(np.median(after)) >= 1.5 * float(np.median(before)):
+                return True
+    return False
+
+
+def _steady_throughput(ok: list[RequestRecord], window: tuple[float, float]) -> float | None:
+    """Completions per second inside the arrival window once it has filled (after the p95 E2E).
+
+    Dividing all completions by first-send..last-completion (what bench_serving reports) mixes in
+    the drain after the last arrival and reads as saturation where there is none. None when the
+    window is too short to leave half of it after the fill.
+    """
+    lo, hi = window
+    e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
+    if not e2e or hi <= lo:
+        return None
+    start = lo + float(np.percentile(e2e, 95))
+    if hi - start < 0.5 * (hi - lo):
+        return None
+    n = sum(1 for r in ok if r.end_s is not None and start <= r.end_s <= hi)
+    return n / (hi - start)
 
 
 def summarize_step(outcome: StepOutcome, sla: SLA, *, rate_rps: float, min_completed: int = 0,
@@ -138,7 +177,9 @@ def summarize_step(outcome: StepOutcome, sla: SLA, *, rate_rps: float, min_compl
     ends = [r.end_s for r in ok if r.end_s is not None]
     sends = [r.sent_s for r in recs]
     busy_span = (max(ends) - min(sends)) if ends and sends else 0.0
-    achieved = len(ok) / busy_span if busy_span > 0 else 0.0
+    achieved = _steady_throughput(ok, window)
+    if achieved is None:
+        achieved = len(ok) / busy_span if busy_span > 0 else 0.0
     error_rate = (n - len(ok)) / n if n else 0.0
 
     failed_terms: list[str] = []
@@ -163,7 +204,7 @@ def summarize_step(outcome: StepOutcome, sla: SLA, *, rate_rps: float, min_compl
         n_sent=n, n_ok=len(ok), n_failed=n_failed, n_timeout=n_timeout,
         ttft_ms=_pcts(_metric_values(ok, "ttft")), itl_ms=_pcts(_metric_values(ok, "itl")),
         tpot_ms=_pcts(_metric_values(ok, "tpot")), e2e_ms=_pcts(_metric_values(ok, "e2e")),
-        error_rate=float(error_rate), goodput_rps=n_good / busy_span if busy_span > 0 else 0.0,
+        error_rate=float(error_rate), goodput_rps=achieved * n_good / len(ok) if ok else 0.0,
         meets_sla=not failed_terms, failed_terms=failed_terms, queue_growth=growth,
         valid=not invalid, invalid_reasons=invalid, duration_s=float(outcome.duration_s),
         send_lag_p99_ms=outcome.meta.get("send_lag_p99_ms"),

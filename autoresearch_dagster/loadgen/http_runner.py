@@ -20,6 +20,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -51,6 +52,10 @@ class RunnerSettings:
     max_cpu_busy: float = 0.90  # above: step invalid (client core saturated)
     pace_margin_s: float = 0.0012  # wake this long before a deadline, then yield until it passes
     workers: int = 1
+    # Run the pacing loop in its own process even with one worker. None: automatically when other
+    # threads are alive in this process (e.g. a server started in a thread): they share the GIL,
+    # and their time slices would show up as send lag.
+    isolate: bool | None = None
     scrape_metrics_s: float | None = 2.0  # poll GET /metrics during the step (None: never)
     step_grace_s: float = 1.0  # after the last send + per-request timeout, the step stops
     extra_headers: dict[str, str] = field(default_factory=dict)
@@ -351,13 +356,15 @@ class HttpDeployment:
         self._profile_dir: str | None = None
 
     # ---------------------------------------------------------------- measurement
+    # (a single in-process loop, or ``workers`` spawned processes sharing one start time)
     def run_step(self, schedule: list[ScheduledRequest], *, step_id: str, timeout_s: float) -> StepOutcome:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         schedule = sorted(schedule, key=lambda s: s.send_offset_s)
         jobs = _jobs(schedule)
         workers = max(1, min(self.settings.workers, len(jobs) or 1))
-        if workers == 1:
+        isolate = self.settings.isolate if self.settings.isolate is not None else threading.active_count() > 1
+        if workers == 1 and not isolate:
             t0_box: list[float] = []
 
             async def single():
