@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 import os
 import shutil
 import tempfile
@@ -187,7 +188,7 @@ class PoolWriter:
         self._writer: pq.ParquetWriter | None = None
         self._hash = hashlib.sha256()
         self.n_rows = 0
-        self._blocks: dict[int, str] = {}
+        self._block_ids: set[int] = set()
 
     def __enter__(self) -> "PoolWriter":
         return self
@@ -197,45 +198,33 @@ class PoolWriter:
             self.abort()
 
     def add(self, req: PoolRequest) -> None:
-        row = request_to_row(req)
-        self._hash.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
+        self.add_row(request_to_row(req))
+
+    def add_row(self, row: dict) -> None:
+        """Add one row in ``request_to_row`` shape (nested values already JSON strings)."""
+        self._hash.update("\x1f".join([str(row.get(k)) for k in POOL_SCHEMA.names]).encode())
         self._rows.append(row)
         self.n_rows += 1
-        if len(self._rows) >= self._row_group_rows:
-            self._flush()
-
-    def add_rows(self, rows: list[dict]) -> None:
-        """Add already-converted rows (``request_to_row`` shape) in bulk."""
-        for row in rows:
-            self._hash.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
-        self._rows.extend(rows)
-        self.n_rows += len(rows)
         if len(self._rows) >= self._row_group_rows:
             self._flush()
 
     def add_columns(self, columns: dict[str, list]) -> None:
         """Add a batch given as columns (the fast path for token-count traces)."""
         self._flush()
-        table = pa.Table.from_pydict({name: columns.get(name, [None] * len(columns["id"]))
-                                      for name in POOL_SCHEMA.names}, schema=POOL_SCHEMA)
-        for name in ("id", "arrival_s", "prompt_tokens", "output_tokens", "block_hashes", "synth_seed"):
-            col = table.column(name)
-            for chunk in col.chunks:
-                for buf in chunk.buffers():
-                    if buf is not None:
-                        self._hash.update(buf)
-        self.n_rows += table.num_rows
+        n = len(columns["id"])
+        for name in POOL_SCHEMA.names:
+            self._hash.update(("\x1e" + name + "\x1f".join(map(str, columns.get(name) or ()))).encode())
+        table = pa.Table.from_pydict({name: columns.get(name, [None] * n) for name in POOL_SCHEMA.names},
+                                     schema=POOL_SCHEMA)
+        self.n_rows += n
         self._write_table(table)
 
-    def add_block(self, hash_id: int, text: str) -> None:
-        self._blocks.setdefault(int(hash_id), text)
+    def add_block(self, hash_id: int) -> None:
+        """Register a trace block; its text (``block_text_for``) is written once, at commit."""
+        self._block_ids.add(hash_id)
 
     def has_block(self, hash_id: int) -> bool:
-        return hash_id in self._blocks
-
-    @property
-    def blocks(self) -> dict[int, str]:
-        return self._blocks
+        return hash_id in self._block_ids
 
     def _write_table(self, table: pa.Table) -> None:
         if self._writer is None:
@@ -247,11 +236,10 @@ class PoolWriter:
             self._write_table(pa.Table.from_pylist(self._rows, schema=POOL_SCHEMA))
             self._rows = []
 
-    @property
-    def content_hash(self) -> str:
+    def content_hash(self, block_tokens: int) -> str:
         h = self._hash.copy()
-        for hid in sorted(self._blocks):
-            h.update(f"{hid}:{self._blocks[hid]}".encode())
+        if self._block_ids:  # block text is a function of (id, block_tokens): hashing both covers it
+            h.update(f"blocks:{block_tokens}:".encode() + array("q", sorted(self._block_ids)).tobytes())
         return h.hexdigest()
 
     def write_file(self, name: str, data: str | bytes) -> Path:
@@ -262,17 +250,21 @@ class PoolWriter:
     def commit(self, meta: dict) -> Path:
         """Finish the Parquet files (metadata included) and atomically move the directory into place."""
         self._flush()
-        meta = {**meta, "schema_version": SCHEMA_VERSION, "rows": self.n_rows, "content_hash": self.content_hash}
+        block_tokens = int(meta.get("block_tokens", 64))
+        meta = {**meta, "schema_version": SCHEMA_VERSION, "rows": self.n_rows,
+                "blocks": len(self._block_ids), "content_hash": self.content_hash(block_tokens)}
         if self._writer is None:
             self._write_table(pa.Table.from_pylist([], schema=POOL_SCHEMA))
         self._writer.add_key_value_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
         self._writer.close()
         self._writer = None
-        if self._blocks:
-            ids = sorted(self._blocks)
-            blocks = pa.Table.from_pydict({"hash_id": ids, "text": [self._blocks[i] for i in ids]},
-                                          schema=BLOCKS_SCHEMA)
-            pq.write_table(blocks, self.tmp / BLOCKS_FILE, compression="zstd")
+        if self._block_ids:
+            ids = sorted(self._block_ids)
+            with pq.ParquetWriter(self.tmp / BLOCKS_FILE, BLOCKS_SCHEMA, compression="zstd") as bw:
+                for i in range(0, len(ids), 8192):  # streamed: memory stays bounded by one chunk of text
+                    chunk = ids[i:i + 8192]
+                    bw.write_table(pa.Table.from_pydict(
+                        {"hash_id": chunk, "text": [block_text_for(h, block_tokens) for h in chunk]}, schema=BLOCKS_SCHEMA))
         final = self.out_dir
         if final.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
@@ -305,8 +297,7 @@ def write_pool(rows: Iterable[PoolRequest], out_dir: str | Path, meta: dict | No
             block_tokens = block_tokens or r.block_tokens
             if r.synth_tail_tokens is not None:
                 for h in r.block_hashes:
-                    if not w.has_block(h):
-                        w.add_block(h, block_text_for(h, r.block_tokens))
+                    w.add_block(h)
             w.add(r)
         meta.setdefault("block_tokens", block_tokens or 64)
         meta.setdefault("token_counter", "approx-regex-v1")
@@ -316,13 +307,24 @@ def write_pool(rows: Iterable[PoolRequest], out_dir: str | Path, meta: dict | No
 class ReplayPool:
     """A pool read back from disk; requests are materialized (and trace prompts assembled) on access."""
 
-    def __init__(self, path: Path, table: pa.Table, meta: dict, blocks: dict[int, str] | None):
+    def __init__(self, path: Path, table: pa.Table, meta: dict):
         self.path = path
         self.meta = meta
         self._table = table
         self._cols = {name: table.column(name).to_pylist() for name in table.column_names}
-        self._blocks = blocks or {}
+        self._blocks: dict[int, str] | None = None
         self.block_tokens = int(meta.get("block_tokens", 64))
+
+    @property
+    def blocks(self) -> dict[int, str]:
+        """The block table (hash id -> text), read from blocks.parquet on first use."""
+        if self._blocks is None:
+            f = self.path.parent / BLOCKS_FILE
+            self._blocks = {}
+            if f.exists():
+                bt = pq.read_table(f)
+                self._blocks = dict(zip(bt.column("hash_id").to_pylist(), bt.column("text").to_pylist()))
+        return self._blocks
 
     def __len__(self) -> int:
         return self._table.num_rows
@@ -342,7 +344,7 @@ class ReplayPool:
         messages = _loads(c["messages_json"][i])
         if tail is not None:
             text = assemble_trace_text(hashes, c["prompt_tokens"][i], self.block_tokens,
-                                       c["synth_seed"][i] or 0, self._blocks)
+                                       c["synth_seed"][i] or 0, self.blocks)
             messages = [{"role": "user", "content": text}]
         return PoolRequest(
             id=c["id"][i], arrival_s=c["arrival_s"][i], conversation_id=c["conversation_id"][i],
@@ -374,12 +376,7 @@ def read_pool(path: str | Path) -> ReplayPool:
     table = pq.read_table(file)
     raw = (pq.read_metadata(file).metadata or {}).get(META_KEY)
     meta = json.loads(raw) if raw else {}
-    blocks_file = file.parent / BLOCKS_FILE
-    blocks = None
-    if blocks_file.exists():
-        bt = pq.read_table(blocks_file)
-        blocks = dict(zip(bt.column("hash_id").to_pylist(), bt.column("text").to_pylist()))
-    return ReplayPool(file, table, meta, blocks)
+    return ReplayPool(file, table, meta)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,17 +1,15 @@
 """Owns building a replay pool from logs: read, quarantine, redact (chat) or synthesize (traces), write, check.
 
-Chat logs: each record is redacted in memory (``redact.Redactor``) before anything is written;
-prompt tokens come from ``tokens.render_prompt`` + the counter (exact with a tokenizer file),
-block hashes from ``tokens.block_hashes(text, 64)``. Large logs are processed by worker
-processes in bounded batches (memory stays bounded: at most a few batches in flight). Token
-traces: prompts are synthesized from a block table keyed by hash id (``pool.block_text_for``).
+Chat logs: each record is redacted in memory (``pool_chat``) before anything is written; prompt
+tokens come from ``tokens.render_prompt`` + the counter (exact with a tokenizer file), block
+hashes from ``tokens.block_hashes(text, 64)``. Large logs go through worker processes in bounded
+batches (a few batches in flight, so memory stays bounded). Token traces: prompts are synthesized
+from a block table keyed by hash id (``pool.block_text_for``), rows written in column batches.
 Records are put in timestamp order through a bounded reorder window; later ones are quarantined.
 The pool directory is built in a temp dir and moved into place only when everything succeeded.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import multiprocessing
 import os
@@ -20,21 +18,20 @@ from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from autoresearch_dagster.fidelity import FidelityThresholds, WorkloadStats, compare, ks_check, token_change_check
-from autoresearch_dagster.logs import LogRecord, LogSource, Rejected, ReorderWindow, open_log
-from autoresearch_dagster.pool import (BLOCKS_FILE, POOL_FILE, PoolRequest, PoolWriter, assemble_trace_text,
-                                       block_text_for, read_pool, split_for)
-from autoresearch_dagster.redact import KEY_ENV, Redactor
+from autoresearch_dagster.logs import MOONCAKE_BLOCK_TOKENS, LogRecord, LogSource, Rejected, ReorderWindow, open_log
+from autoresearch_dagster.pool import PoolWriter, assemble_trace_text, block_text_for, split_for
+from autoresearch_dagster.pool_chat import CHAT_BLOCK_TOKENS, init_worker, process_chat_batch
+from autoresearch_dagster.redact import KEY_ENV
 from autoresearch_dagster.spec import SpecError
-from autoresearch_dagster.tokens import block_hashes, count_tokens, get_counter, render_prompt
+from autoresearch_dagster.tokens import count_tokens, get_counter
 
-CHAT_BLOCK_TOKENS = 64
-DEFAULT_OUTPUT_TOKENS = 256  # used only when a log has neither usage nor max_tokens (recorded as "estimate")
 BATCH_LINES = 256
 PARALLEL_MIN_BYTES = 16 * 2**20  # below this, worker start-up costs more than it saves
-SYNTH_SAMPLE = 200
+SYNTH_SAMPLE = 100  # trace requests whose assembled prompts are re-counted by the fidelity check
+TRACE_FLUSH_ROWS = 65536
 
 
 @dataclass
@@ -45,88 +42,12 @@ class BuildResult:
     quarantine_path: Path
 
 
-# ------------------------------------------------------------------------------------------------
-# chat logs: per-batch work (runs in worker processes for large logs)
-
-_worker: dict[str, Any] = {}
-
-
-def _init_worker(key: bytes, tokenizer_path: str | None) -> None:
-    _worker["redactor"] = Redactor(key)
-    _worker["counter"] = get_counter(tokenizer_path)[1]
-    _worker["key"] = key
-
-
-def _conversation_key(rec: LogRecord, key: bytes, redacted_messages: list[dict] | None) -> str:
-    # Logged ids may be personal (an e-mail as a session id): only a keyed hash of them is kept.
-    if rec.conversation_id is not None:
-        basis = "id:" + rec.conversation_id
-    else:  # inferred: same system prompt + first user message => same conversation
-        msgs = redacted_messages or []
-        lead = [m for m in msgs if m.get("role") in ("system", "developer")][:1] + \
-               [m for m in msgs if m.get("role") == "user"][:1]
-        basis = "msg:" + json.dumps(lead, sort_keys=True, ensure_ascii=False) if lead else "prompt:" + (rec.prompt or "")
-    return "c-" + hmac.new(key, basis.encode(), hashlib.sha256).hexdigest()[:16]
-
-
-def process_chat_record(rec: LogRecord, redactor: Redactor, counter, key: bytes) -> tuple[PoolRequest, dict]:
-    """Redact one record and derive its pool row; also returns the source-side statistics (pre-redaction)."""
-    orig_text = render_prompt(rec.messages, rec.tools, rec.prompt)
-    src_tokens = counter(orig_text)
-    messages = redactor.redact_messages(rec.messages) if rec.messages is not None else None
-    prompt = redactor.redact_text(rec.prompt) if rec.prompt is not None else None
-    tools = redactor.redact_json(rec.tools) if rec.tools is not None else None
-    response_format = redactor.redact_json(rec.response_format) if rec.response_format is not None else None
-    tool_choice = redactor.redact_json(rec.tool_choice) if rec.tool_choice is not None else None
-    new_text = render_prompt(messages, tools, prompt)
-    if new_text == orig_text:
-        tokens, hashes = src_tokens, block_hashes(new_text, CHAT_BLOCK_TOKENS)
-        src_hashes = hashes
-    else:
-        tokens, hashes = counter(new_text), block_hashes(new_text, CHAT_BLOCK_TOKENS)
-        src_hashes = block_hashes(orig_text, CHAT_BLOCK_TOKENS)
-    if rec.usage_completion_tokens is not None:
-        out, out_src = rec.usage_completion_tokens, "usage"
-    elif rec.sampling.get("max_completion_tokens") or rec.sampling.get("max_tokens"):
-        out, out_src = rec.sampling.get("max_completion_tokens") or rec.sampling["max_tokens"], "max_tokens"
-    else:
-        out, out_src = DEFAULT_OUTPUT_TOKENS, "estimate"
-    conv = _conversation_key(rec, key, messages)
-    turn = sum(1 for m in messages if m.get("role") == "user") if messages is not None else None
-    rid = redactor.redact_text(rec.request_id) if rec.request_id else None
-    req = PoolRequest(
-        id=rid or f"line-{rec.line}", arrival_s=rec.timestamp_s, conversation_id=conv, turn=turn, api=rec.api,
-        messages=messages, prompt=prompt, tools=tools, tool_choice=tool_choice, response_format=response_format,
-        sampling=rec.sampling, prompt_tokens=tokens, output_tokens=out, block_hashes=hashes,
-        block_tokens=CHAT_BLOCK_TOKENS, split=split_for(conv), output_tokens_source=out_src,
-        source_latency_s=rec.latency_s)
-    src = {"prompt_tokens": src_tokens, "hashes": src_hashes, "line": rec.line, "nbytes": rec.nbytes}
-    return req, src
-
-
-def _process_chat_batch(parser, batch: list[tuple[int, bytes]]) -> tuple[list, dict]:
-    redactor: Redactor = _worker["redactor"]
-    before = Counter(redactor.counts)
-    out = []
-    from autoresearch_dagster.logs import parse_line
-
-    for line, raw in batch:
-        rec = parse_line(parser, line, raw)
-        if isinstance(rec, Rejected):
-            out.append(rec)
-        else:
-            out.append(process_chat_record(rec, redactor, _worker["counter"], _worker["key"]))
-    delta = Counter(redactor.counts)
-    delta.subtract(before)
-    return out, {k: v for k, v in delta.items() if v}
-
-
-def _batches(src: LogSource, max_records: int | None, counter: list[int]) -> Iterator[list[tuple[int, bytes]]]:
+def _batches(src: LogSource, max_records: int | None, n_read: list[int]) -> Iterator[list[tuple[int, bytes]]]:
     batch: list[tuple[int, bytes]] = []
     for line, raw in src.lines():
-        if max_records is not None and counter[0] >= max_records:
+        if max_records is not None and n_read[0] >= max_records:
             break
-        counter[0] += 1
+        n_read[0] += 1
         batch.append((line, raw))
         if len(batch) >= BATCH_LINES:
             yield batch
@@ -137,23 +58,23 @@ def _batches(src: LogSource, max_records: int | None, counter: list[int]) -> Ite
 
 def _chat_results(sources: list[LogSource], key: bytes, tokenizer_path: str | None, workers: int,
                   max_records: int | None, counts: Counter) -> Iterator[object]:
-    """Processed records / rejections in file order; redaction counts accumulate into ``counts``."""
+    """Rejections and (row, source stats) in file order; redaction counts accumulate into ``counts``."""
     n_read = [0]
     if workers <= 1:
-        _init_worker(key, tokenizer_path)
+        init_worker(key, tokenizer_path)
         for src in sources:
             for batch in _batches(src, max_records, n_read):
-                items, delta = _process_chat_batch(src.parser, batch)
+                items, delta = process_chat_batch(src.parser, batch)
                 counts.update(delta)
                 yield from items
         return
-    ctx = multiprocessing.get_context("spawn")  # safe inside threaded hosts (Dagster); workers import little
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(key, tokenizer_path)) as ex:
+    # spawn, not fork: safe inside threaded hosts such as Dagster; the key travels by pipe, never to disk
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(key, tokenizer_path)) as ex:
         pending: deque = deque()
         for src in sources:
             for batch in _batches(src, max_records, n_read):
-                pending.append(ex.submit(_process_chat_batch, src.parser, batch))
+                pending.append(ex.submit(process_chat_batch, src.parser, batch))
                 while len(pending) > 3 * workers:  # bounded in-flight work
                     items, delta = pending.popleft().result()
                     counts.update(delta)
@@ -164,10 +85,7 @@ def _chat_results(sources: list[LogSource], key: bytes, tokenizer_path: str | No
             yield from items
 
 
-# ------------------------------------------------------------------------------------------------
-# token traces
-
-def _trace_requests(sources: list[LogSource], max_records: int | None) -> Iterator[object]:
+def _trace_records(sources: list[LogSource], max_records: int | None) -> Iterator[object]:
     n = 0
     for src in sources:
         for line, raw in src.lines():
@@ -176,14 +94,6 @@ def _trace_requests(sources: list[LogSource], max_records: int | None) -> Iterat
             n += 1
             yield src.parse(line, raw)
 
-
-def _trace_block_tokens(sources: list[LogSource]) -> int:
-    from autoresearch_dagster.logs import MOONCAKE_BLOCK_TOKENS
-
-    return MOONCAKE_BLOCK_TOKENS if any(s.format == "mooncake" for s in sources) else CHAT_BLOCK_TOKENS
-
-
-# ------------------------------------------------------------------------------------------------
 
 def _resolve_key(key: bytes | None) -> tuple[bytes, str]:
     if key is not None:
@@ -194,14 +104,76 @@ def _resolve_key(key: bytes | None) -> tuple[bytes, str]:
     return os.urandom(32), "random-per-process"
 
 
+class _TraceColumns:
+    """Accumulates trace rows as columns and registers their blocks with the writer."""
+
+    NAMES = ("id", "arrival_s", "conversation_id", "api", "sampling_json", "prompt_tokens", "output_tokens",
+             "output_tokens_source", "block_hashes", "split", "synth_tail_tokens", "synth_seed")
+
+    def __init__(self, writer: PoolWriter, block_tokens: int):
+        self.writer, self.block_tokens = writer, block_tokens
+        self.cols: dict[str, list] = {n: [] for n in self.NAMES}
+        self.sample: list[tuple[list[int], int, int]] = []
+        self.n = 0
+
+    def add(self, rec: LogRecord, arrival_s: float) -> str:
+        bt, w = self.block_tokens, self.writer
+        ids = rec.hash_ids or []
+        for h in ids:
+            w.add_block(h)
+        n_full = min(len(ids), rec.input_length // bt)
+        seed = (rec.line * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & (2**63 - 1)
+        conv = rec.conversation_id
+        split = split_for(conv or f"line-{rec.line}")
+        c = self.cols
+        c["id"].append(f"line-{rec.line}")
+        c["arrival_s"].append(arrival_s)
+        c["conversation_id"].append(conv)
+        c["api"].append("chat")
+        c["sampling_json"].append("{}")
+        c["prompt_tokens"].append(rec.input_length)
+        c["output_tokens"].append(rec.output_length)
+        c["output_tokens_source"].append("recorded")
+        c["block_hashes"].append(ids)
+        c["split"].append(split)
+        c["synth_tail_tokens"].append(rec.input_length - n_full * bt)
+        c["synth_seed"].append(seed)
+        self.n += 1
+        if len(self.sample) < SYNTH_SAMPLE:
+            self.sample.append((ids, rec.input_length, seed))
+        elif self.n % 97 == 0:
+            self.sample[self.n % SYNTH_SAMPLE] = (ids, rec.input_length, seed)
+        if len(c["id"]) >= TRACE_FLUSH_ROWS:
+            self.flush()
+        return split
+
+    def flush(self) -> None:
+        if self.cols["id"]:
+            self.writer.add_columns(self.cols)
+            self.cols = {n: [] for n in self.NAMES}
+
+    def synthesis_check(self) -> dict:
+        """Assemble the sampled prompts and count them: each must have exactly the recorded count."""
+        exact = 0
+        for ids, n_tokens, seed in self.sample:
+            blocks = {h: block_text_for(h, self.block_tokens) for h in ids}
+            exact += count_tokens(assemble_trace_text(ids, n_tokens, self.block_tokens, seed, blocks)) == n_tokens
+        frac = exact / len(self.sample) if self.sample else 1.0
+        check = {"value": frac, "threshold": 1.0, "passed": frac == 1.0, "sampled": len(self.sample)}
+        if frac < 1.0:
+            check["message"] = (f"synthesis.token_count_exact: only {exact} of {len(self.sample)} assembled prompts "
+                                "have the recorded token count")
+        return check
+
+
 def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str, *, fmt: str = "auto",
                key: bytes | None = None, tokenizer_path: str | None = None,
                thresholds: FidelityThresholds | None = None, max_records: int | None = None,
                workers: int | None = None, reorder_window_s: float = 60.0, _fail_after: int | None = None) -> BuildResult:
     """Build ``out_dir`` (replay_pool.parquet, blocks.parquet for traces, fidelity/summary/quarantine files).
 
-    Raises SpecError (nothing written) when no record was usable. ``_fail_after`` makes the build
-    raise after that many rows (tests of the atomic write use it).
+    Raises SpecError (nothing written) when the input is unusable. ``_fail_after`` makes the build
+    raise after that many accepted rows (tests of the atomic write use it).
     """
     t0 = time.perf_counter()
     paths = [Path(p) for p in ([logs] if isinstance(logs, (str, Path)) else logs)]
@@ -215,13 +187,20 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
     kind = kinds.pop()
     thresholds = thresholds or FidelityThresholds()
     key, key_source = _resolve_key(key)
-    counter_name, counter = get_counter(tokenizer_path)
+    counter_name, _ = get_counter(tokenizer_path)
     out_dir = Path(out_dir)
     if workers is None:
         total = sum(p.stat().st_size for p in paths)
         workers = min(os.cpu_count() or 1, 4) if kind == "chat" and total >= PARALLEL_MIN_BYTES else 1
+    if kind == "trace":
+        counter_name = get_counter(None)[0]  # synthesized text is exact under the approx counter only
+        block_tokens = MOONCAKE_BLOCK_TOKENS if any(s.format == "mooncake" for s in sources) else CHAT_BLOCK_TOKENS
+    else:
+        block_tokens = CHAT_BLOCK_TOKENS
 
-    source_stats, pool_stats = WorkloadStats(), WorkloadStats()
+    source_stats, pool_stats, serving = WorkloadStats(), WorkloadStats(), WorkloadStats()
+    if kind == "trace":
+        pool_stats.cache = source_stats.cache  # the pool's block_hashes are the source's hash ids, verbatim
     rejected: list[dict] = []
     reasons: Counter = Counter()
     redactions: Counter = Counter()
@@ -231,50 +210,57 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
     out_sources: Counter = Counter()
     splits: Counter = Counter()
     t_first: float | None = None
-    block_tokens = CHAT_BLOCK_TOKENS if kind == "chat" else _trace_block_tokens(sources)
-    serving = WorkloadStats()
-    sample: list[PoolRequest] = []  # trace requests whose assembled prompts are re-counted
 
     def reject(r: Rejected) -> None:
         rejected.append(r.to_json())
         reasons[r.reason.split(":")[0].split(" (")[0]] += 1
 
     with PoolWriter(out_dir) as writer:
+        trace_cols = _TraceColumns(writer, block_tokens) if kind == "trace" else None
+
         def emit(item: object) -> None:
             nonlocal accepted, t_first, src_tokens_total, pool_tokens_total
             if kind == "chat":
-                req, src = item
+                row, src = item
+                ts = row["arrival_s"]
+                t_first = ts if t_first is None else t_first
+                row["arrival_s"] = offset = round(ts - t_first, 6)
+                latency, n_out, n_pool = row["source_latency_s"], row["output_tokens"], row["prompt_tokens"]
+                source_stats.add(ts, src["prompt_tokens"], n_out, src["hashes"], latency)
+                pool_stats.add(offset, n_pool, n_out, row["block_hashes"], latency)
+                split = row["split"]
+                writer.add_row(row)
+                n_src = src["prompt_tokens"]
+                out_sources[row["output_tokens_source"]] += 1
             else:
-                req = _trace_request(item, block_tokens, writer, key)
-                src = {"prompt_tokens": item.input_length, "hashes": req.block_hashes}
-            if t_first is None:
-                t_first = req.arrival_s
-            ts = req.arrival_s
-            req.arrival_s = round(ts - t_first, 6)
-            source_stats.add(ts, src["prompt_tokens"], req.output_tokens, src["hashes"], req.source_latency_s)
-            pool_stats.add(req.arrival_s, req.prompt_tokens, req.output_tokens, req.block_hashes, req.source_latency_s)
-            if req.split == "serving":
-                serving.add(req.arrival_s, req.prompt_tokens, req.output_tokens)
-            src_tokens_total += src["prompt_tokens"]
-            pool_tokens_total += req.prompt_tokens
-            out_sources[req.output_tokens_source] += 1
-            splits[req.split] += 1
-            writer.add(req)
+                rec = item
+                ts = rec.timestamp_s
+                t_first = ts if t_first is None else t_first
+                offset = round(ts - t_first, 6)
+                n_src = n_pool = rec.input_length
+                n_out = rec.output_length
+                source_stats.add(ts, n_src, n_out, rec.hash_ids or ())
+                pool_stats.add(offset, n_pool, n_out)
+                split = trace_cols.add(rec, offset)
+                out_sources["recorded"] += 1
+            if split == "serving":
+                serving.add(offset, n_pool, n_out)
+            src_tokens_total += n_src
+            pool_tokens_total += n_pool
+            splits[split] += 1
             accepted += 1
-            if kind == "trace" and (len(sample) < SYNTH_SAMPLE or accepted % 97 == 0):
-                sample.append(req) if len(sample) < SYNTH_SAMPLE else sample.__setitem__(accepted % SYNTH_SAMPLE, req)
             if _fail_after is not None and accepted >= _fail_after:
                 raise RuntimeError(f"injected failure after {accepted} rows")
 
         stream = (_chat_results(sources, key, tokenizer_path, workers, max_records, redactions) if kind == "chat"
-                  else _trace_requests(sources, max_records))
+                  else _trace_records(sources, max_records))
         for item in stream:
             rows_in += 1
             if isinstance(item, Rejected):
                 reject(item)
                 continue
             if kind == "chat":
-                ts, line, nbytes = item[0].arrival_s, item[1]["line"], item[1]["nbytes"]
+                ts, line, nbytes = item[0]["arrival_s"], item[1]["line"], item[1]["nbytes"]
             else:
                 ts, line, nbytes = item.timestamp_s, item.line, item.nbytes
             for out in window.push(ts, line, nbytes, item):
@@ -284,9 +270,10 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
                     emit(out)
         for out in window.drain():
             emit(out)
+        if trace_cols is not None:
+            trace_cols.flush()
 
         if accepted == 0:
-            writer.abort()
             first = rejected[0]["reason"] if rejected else "no records"
             raise SpecError(f"nothing usable was read from {', '.join(map(str, paths))}: "
                             f"{len(rejected)} of {rows_in} records quarantined (first: {first})")
@@ -294,10 +281,9 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
         extra = {}
         if kind == "chat":
             extra["redaction.prompt_token_change"] = token_change_check(src_tokens_total, pool_tokens_total, thresholds)
-        if kind == "trace":
-            extra["synthesis.token_count_exact"] = _synthesis_check(sample, writer, block_tokens)
-        # the serving split (what replays) against the whole source
-        if len(source_stats) >= thresholds.min_split_requests:
+        else:
+            extra["synthesis.token_count_exact"] = trace_cols.synthesis_check()
+        if len(source_stats) >= thresholds.min_split_requests:  # the serving split (what replays) vs the source
             extra["serving_split.prompt_tokens.ks"] = ks_check("serving_split.prompt_tokens.ks",
                                                                 source_stats.prompt_tokens, serving.prompt_tokens,
                                                                 thresholds.ks_max)
@@ -306,7 +292,6 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
                 "value": None, "threshold": thresholds.ks_max, "passed": True,
                 "skipped": f"fewer than {thresholds.min_split_requests} requests"}
         fidelity = compare(source_stats, pool_stats, thresholds, extra=extra)
-        elapsed = time.perf_counter() - t0
         summary = {
             "endpoint": endpoint, "logs": [str(p) for p in paths], "format": sorted({s.format for s in sources}),
             "kind": kind, "rows_in": rows_in, "rows_accepted": accepted, "rows_quarantined": len(rejected),
@@ -314,53 +299,23 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             "prompt_tokens_source": src_tokens_total, "prompt_tokens_pool": pool_tokens_total,
             "prompt_token_change": (pool_tokens_total - src_tokens_total) / src_tokens_total if src_tokens_total else 0.0,
             "output_tokens_source": dict(out_sources), "splits": dict(splits), "token_counter": counter_name,
-            "block_tokens": block_tokens, "fidelity_passed": fidelity["passed"], "build_seconds": round(elapsed, 3),
-            "workers": workers,
+            "block_tokens": block_tokens, "fidelity_passed": fidelity["passed"], "workers": workers,
         }
-        assert summary["rows_in"] == summary["rows_accepted"] + summary["rows_quarantined"]
+        if summary["rows_in"] != summary["rows_accepted"] + summary["rows_quarantined"]:
+            raise RuntimeError(f"record counts do not reconcile: {summary}")
         meta = {"endpoint": endpoint, "token_counter": counter_name, "block_tokens": block_tokens,
                 "source_format": summary["format"], "kind": kind, "redactions": summary["redactions"],
                 "redaction_key_source": key_source, "rows_quarantined": len(rejected),
                 "prompt_token_change": summary["prompt_token_change"], "fidelity_passed": fidelity["passed"],
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        summary["content_hash"] = writer.content_hash(block_tokens)
+        summary["build_seconds"] = round(time.perf_counter() - t0, 3)
         writer.write_file("fidelity.json", json.dumps(fidelity, indent=2, default=float))
         writer.write_file("quarantine.jsonl", "".join(json.dumps(r) + "\n" for r in rejected))
         writer.write_file("summary.json", json.dumps(summary, indent=2))
         pool_path = writer.commit(meta)
-    summary["content_hash"] = read_pool(pool_path).content_hash
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return BuildResult(pool_path=pool_path, fidelity=fidelity, summary=summary,
                        quarantine_path=out_dir / "quarantine.jsonl")
 
 
-def _synthesis_check(sample: list[PoolRequest], writer: PoolWriter, block_tokens: int) -> dict:
-    """Assemble sampled trace prompts and count them: every one must have exactly the recorded count."""
-    exact = 0
-    for r in sample:
-        text = assemble_trace_text(r.block_hashes, r.prompt_tokens, block_tokens, r.synth_seed or 0, writer.blocks)
-        exact += count_tokens(text) == r.prompt_tokens
-    frac = exact / len(sample) if sample else 1.0
-    check = {"value": frac, "threshold": 1.0, "passed": frac == 1.0, "sampled": len(sample)}
-    if frac < 1.0:
-        check["message"] = f"synthesis.token_count_exact: only {exact} of {len(sample)} assembled prompts have the recorded count"
-    return check
-
-
-def _trace_request(rec: LogRecord, block_tokens: int, writer: PoolWriter, key: bytes) -> PoolRequest:
-    ids = rec.hash_ids or []
-    for h in ids[: -(-rec.input_length // block_tokens)]:
-        if not writer.has_block(h):
-            writer.add_block(h, block_text_for(h, block_tokens))
-    seed = int.from_bytes(hashlib.blake2b(f"{rec.line}:{rec.timestamp_s}".encode(), digest_size=8).digest(), "big") >> 1
-    n_full = min(len(ids), rec.input_length // block_tokens)
-    tail = rec.input_length - n_full * block_tokens
-    conv = rec.conversation_id or f"line-{rec.line}"
-    return PoolRequest(
-        id=f"line-{rec.line}", arrival_s=rec.timestamp_s, conversation_id=rec.conversation_id, turn=None, api="chat",
-        messages=None, prompt=None, tools=None, tool_choice=None, response_format=None, sampling={},
-        prompt_tokens=rec.input_length, output_tokens=rec.output_length, block_hashes=list(ids),
-        block_tokens=block_tokens, split=split_for(conv), output_tokens_source="recorded",
-        synth_tail_tokens=tail, synth_seed=seed)
-
-
-__all__ = ["BLOCKS_FILE", "POOL_FILE", "BuildResult", "build_pool", "process_chat_record"]
+__all__ = ["BuildResult", "build_pool"]

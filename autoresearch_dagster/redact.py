@@ -28,7 +28,7 @@ import math
 import os
 import re
 from collections import Counter
-from typing import Any
+from typing import Any, Iterator
 
 KEY_ENV = "AUTORESEARCH_REDACTION_KEY"
 PII_TYPES = ("email", "phone", "card", "iban", "ssn", "ipv4", "ipv6", "url_secret", "api_key", "person", "address")
@@ -70,7 +70,6 @@ _INTRO = re.compile(r"\b(?:[Mm]y name is|[Cc]all me|[Nn]ame:|[Ss]igned,?)\s+([A-
 _GREETING = re.compile(r"\b(?:Dear|Hi|Hello|Hey|Thanks|Thank you|I am|I'm|This is)\s+([A-Z][a-z]+(?:\s+[A-Z][a-z]+)?)")
 _SIGNATURE = re.compile(r"\b(?:Regards|Thanks|Thank you|Cheers|Best|Sincerely|Best regards|Kind regards|Yours)"
                         r",?[ \t]*\r?\n[ \t]*([A-Z][a-z]+(?:[ \t]+[A-Z][a-z]+)?)")
-_NAME_PAIR = re.compile(r"\b([A-Z][a-z]+)\s+([A-Z][a-z]+(?:-[A-Z][a-z]+)?)\b")
 _STREET_SUFFIX = (r"Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Way|Place|Pl|Terrace|"
                   r"Circle|Cir|Parkway|Pkwy|Highway|Hwy|Square|Sq|Trail|Alley")
 _ADDRESS = re.compile(r"\b\d{1,6}[A-Za-z]?\s+(?:[NSEW]\.?\s+)?(?:[A-Z][a-z]+\.?\s+){1,3}(?:" + _STREET_SUFFIX + r")\b\.?")
@@ -97,7 +96,6 @@ _KEY_SHAPES = re.compile(
 _BEARER = re.compile(r"\b[Bb]earer\s+([A-Za-z0-9._~+/-]{12,}=*)")
 _KV_SECRET = re.compile(r"(?i)\b(?:api[_-]?key|secret(?:[_-]?key)?|access[_-]?token|auth[_-]?token|password|passwd|pwd)"
                         r"[\"']?\s*[:=]\s*[\"']?([^\s\"',;&]{8,})")
-_HIGH_ENTROPY = re.compile(r"(?<![\w/+=.-])[A-Za-z0-9_+/-]{24,}={0,2}(?![\w/+=-])")
 _KEEP_PREFIX = re.compile(r"^(?:sk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?|AKIA|ASIA|gh[pousr]_|github_pat_|"
                           r"xox[abposr]-|eyJ|AIza)")
 
@@ -142,13 +140,61 @@ def _looks_secret(tok: str) -> bool:
 Span = tuple[int, int, str, str]  # start, end, type, normalized value
 
 
+# Candidate regions: a detector's pattern runs only inside windows around cheap "hints" (a digit run,
+# an "@", a keyword), found with str.find or with patterns that start with a character class (which
+# the regex engine skips through quickly). The hints are necessary conditions of each pattern.
+_DIGIT_RUN = re.compile(r"\d(?:[\d \t().+/-]{5,}\d|\d{0,2}\.\d)")
+_SUFFIX_HINT = re.compile(_STREET_SUFFIX)
+_IPV6_HINT = re.compile(r"[0-9A-Fa-f]:[0-9A-Fa-f]*:")
+_CAP_PAIR = re.compile(r"([A-Z][a-z]+)\s+([A-Z][a-z]+(?:-[A-Z][a-z]+)?)\b")
+_HONORIFIC_HINTS = ("Mr", "Ms", "Miss", "Mx", "Dr", "Prof", "Sir", "Madam", "Mme", "Herr", "Frau")
+_INTRO_HINTS = ("name is", "Name is", "all me", "Name:", "igned")
+_GREETING_HINTS = ("Dear", "Hi", "Hello", "Hey", "Thank", "I am", "I'm", "This is")
+_SIGNATURE_HINTS = ("Regards", "regards", "Thanks", "Thank you", "Cheers", "Best", "Sincerely", "Yours")
+_KEY_HINTS = ("sk-", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "eyJ", "AIza")
+_KV_HINTS = ("key", "secret", "token", "passw", "pwd")
+_LONG_TOKEN = re.compile(r"[A-Za-z0-9_+/-]{24,}={0,2}")
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+/=-")
+
+
+def _find_all(text: str, needles: tuple[str, ...]) -> list[int]:
+    out = []
+    for n in needles:
+        i = text.find(n)
+        while i >= 0:
+            out.append(i)
+            i = text.find(n, i + 1)
+    return out
+
+
+def _windows(points: list[tuple[int, int]], before: int, after: int, n: int) -> list[tuple[int, int]]:
+    """Merged [start, end) windows around (start, end) hits."""
+    out: list[tuple[int, int]] = []
+    for s0, e0 in sorted(points):
+        s1, e1 = max(0, s0 - before), min(n, e0 + after)
+        if out and s1 <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e1))
+        else:
+            out.append((s1, e1))
+    return out
+
+
+def _scan(rx: re.Pattern, text: str, windows: list[tuple[int, int]]) -> Iterator[re.Match]:
+    for s0, e0 in windows:
+        yield from rx.finditer(text, s0, e0)
+
+
+def _near(text: str, hints: tuple[str, ...], before: int, after: int) -> list[tuple[int, int]]:
+    return _windows([(i, i) for i in _find_all(text, hints)], before, after, len(text))
+
+
 def _spans(text: str) -> list[Span]:
     """All candidate PII spans (start, end, type, normalized value), before overlap resolution."""
     out: list[Span] = []
     add = out.append
-    has_digit = any(c.isdigit() for c in text)
+    n = len(text)
     if "://" in text:
-        for m in _URL.finditer(text):
+        for m in _scan(_URL, text, _near(text, ("://",), 20, 2048)):
             url, base = m.group(), m.start()
             scheme_end = url.index("://") + 3
             at = url.find("@", scheme_end, url.find("/", scheme_end) if url.find("/", scheme_end) > 0 else len(url))
@@ -158,41 +204,47 @@ def _spans(text: str) -> list[Span]:
             if q >= 0:
                 for pm in _URL_SECRET_PARAM.finditer(url, q):
                     add((base + pm.start(2), base + pm.end(2), "url_secret", pm.group(2)))
-    for m in _KEY_SHAPES.finditer(text):
+    for m in _scan(_KEY_SHAPES, text, _near(text, _KEY_HINTS, 2, 4096)):
         add((m.start(), m.end(), "api_key", m.group()))
-    for m in _BEARER.finditer(text):
+    for m in _scan(_BEARER, text, _near(text, ("earer",), 1, 1024)):
         add((m.start(1), m.end(1), "api_key", m.group(1)))
-    for m in _KV_SECRET.finditer(text):
+    lower = text.lower()
+    kv = _near(lower, _KV_HINTS, 24, 256)
+    for m in _scan(_KV_SECRET, text, kv):
         add((m.start(1), m.end(1), "api_key", m.group(1)))
     if "@" in text:
-        for m in _EMAIL.finditer(text):
+        for m in _scan(_EMAIL, text, _near(text, ("@",), 128, 256)):
             add((m.start(), m.end(), "email", m.group().lower()))
-    if has_digit:
-        for m in _IBAN.finditer(text):
+    chars = set(text)
+    if not chars.isdisjoint("0123456789"):
+        digit_win = _windows([m.span() for m in _DIGIT_RUN.finditer(text)], 48, 48, n)
+        for m in _scan(_IBAN, text, digit_win):
             if iban_valid(m.group()):
                 add((m.start(), m.end(), "iban", m.group().replace(" ", "")))
-        for m in _CARD.finditer(text):
+        for m in _scan(_CARD, text, digit_win):
             digits = re.sub(r"\D", "", m.group())
             if 13 <= len(digits) <= 19 and luhn_valid(digits):
                 add((m.start(), m.end(), "card", digits))
-        for m in _SSN.finditer(text):
-            a, g, s = m.groups()
-            if a not in ("000", "666") and a[0] != "9" and g != "00" and s != "0000":
-                add((m.start(), m.end(), "ssn", a + g + s))
-        for m in _SSN_PLAIN.finditer(text):
+        if "-" in chars:
+            for m in _scan(_SSN, text, digit_win):
+                a, g, s = m.groups()
+                if a not in ("000", "666") and a[0] != "9" and g != "00" and s != "0000":
+                    add((m.start(), m.end(), "ssn", a + g + s))
+        for m in _scan(_SSN_PLAIN, text, _windows([(i, i) for i in _find_all(lower, ("ssn", "social security"))],
+                                                  2, 64, n)):
             add((m.start(1), m.end(1), "ssn", m.group(1)))
-        for rx in (_PHONE_NANP, _PHONE_INTL):
-            for m in rx.finditer(text):
+        for rx in ((_PHONE_NANP, _PHONE_INTL) if "+" in chars else (_PHONE_NANP,)):
+            for m in _scan(rx, text, digit_win):
                 digits = re.sub(r"\D", "", m.group())
                 if 10 <= len(digits) <= 15:
                     add((m.start(), m.end(), "phone", digits))
-        if "." in text:
-            for m in _IPV4.finditer(text):
+        if "." in chars:
+            for m in _scan(_IPV4, text, digit_win):
                 add((m.start(), m.end(), "ipv4", m.group()))
-        for m in _ADDRESS.finditer(text):
+        for m in _scan(_ADDRESS, text, _windows([m.span() for m in _SUFFIX_HINT.finditer(text)], 96, 2, n)):
             add((m.start(), m.end(), "address", m.group().lower()))
-    if ":" in text:
-        for m in _IPV6.finditer(text):
+    if ":" in chars:
+        for m in _scan(_IPV6, text, _windows([m.span() for m in _IPV6_HINT.finditer(text)], 40, 40, n)):
             cand = m.group()
             if cand.count(":") >= 2:
                 try:
@@ -200,19 +252,23 @@ def _spans(text: str) -> list[Span]:
                 except ValueError:
                     continue
                 add((m.start(), m.end(), "ipv6", cand.lower()))
-    for m in _HIGH_ENTROPY.finditer(text):
-        if _looks_secret(m.group()):
-            add((m.start(), m.end(), "api_key", m.group()))
-    for rx in (_HONORIFIC, _INTRO, _SIGNATURE):
-        for m in rx.finditer(text):
+    if max(map(len, text.split()), default=0) >= 24:
+        for m in _LONG_TOKEN.finditer(text):
+            s0, e0 = m.start(), m.end()
+            if (s0 == 0 or (text[s0 - 1] not in _TOKEN_CHARS and text[s0 - 1] != ".")) and \
+                    (e0 == n or text[e0] not in _TOKEN_CHARS) and _looks_secret(m.group()):
+                add((s0, e0, "api_key", m.group()))
+    for rx, hints, after in ((_HONORIFIC, _HONORIFIC_HINTS, 48), (_INTRO, _INTRO_HINTS, 64),
+                             (_SIGNATURE, _SIGNATURE_HINTS, 64)):
+        for m in _scan(rx, text, _near(text, hints, 16, after)):
             add((m.start(1), m.end(1), "person", m.group(1)))
-    for m in _GREETING.finditer(text):
-        first = m.group(1).split()[0]
-        if first in FIRST_NAMES:
+    for m in _scan(_GREETING, text, _near(text, _GREETING_HINTS, 1, 48)):
+        if m.group(1).split()[0] in FIRST_NAMES:
             add((m.start(1), m.end(1), "person", m.group(1)))
-    for m in _NAME_PAIR.finditer(text):
-        if m.group(1) in FIRST_NAMES:
-            add((m.start(), m.end(), "person", m.group()))
+    for m in _CAP_PAIR.finditer(text):
+        s0 = m.start()
+        if m.group(1) in FIRST_NAMES and (s0 == 0 or not text[s0 - 1].isalnum()):
+            add((s0, m.end(), "person", m.group()))
     return out
 
 

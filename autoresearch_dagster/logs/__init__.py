@@ -23,7 +23,7 @@ from autoresearch_dagster.logs.source import (FORMATS, OversizedLine, ReorderWin
 from autoresearch_dagster.spec import SpecError
 
 __all__ = ["FORMATS", "LogRecord", "LogSource", "MOONCAKE_BLOCK_TOKENS", "RecordError", "Rejected",
-           "ReorderWindow", "detect_format", "open_log", "ordered", "read_records"]
+           "ReorderWindow", "detect_format", "open_log", "ordered", "parse_line", "read_records"]
 
 _ALIASES = {"openai": "openai", "chat": "openai", "jsonl": "openai", "mooncake": "mooncake", "azure": "azure",
             "burstgpt": "burstgpt"}
