@@ -672,46 +672,61 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
         res.invalid_reasons.append(f"fewer than 2 valid runs per arm ({stop or 'no valid runs'})")
         return _finish(ex, "invalid", "not enough valid runs")
     if v.verdict == "undecided":
-        why = stop or f"run cap of {schedule[-1]} per arm reached"
-        v = stats.stop_undecided(v, why)
+        promising = abs(v.ratio_median - 1) >= v.margin
+        if promising and settings.confirm and not stop:
+            return _confirm(ex, schedule[0], mode, want="better" if v.ratio_median > 1 else "worse")
+        v = stats.stop_undecided(v, stop or f"run cap of {schedule[-1]} per arm reached")
         ex.record("stopped", res.metric, v)
     res.stats = v
     if v.verdict != "better" or not settings.confirm:
-        return _finish(ex, v.verdict, v.reason, confirmed=v.verdict == "better")
-    return _confirm(ex, schedule[0], mode)
+        return _finish(ex, v.verdict, v.reason, confirmed=False)
+    return _confirm(ex, schedule[0], mode, want="better")
 
 
-def _confirm(ex: _Experiment, n: int, mode: str) -> ExperimentResult:
-    """A promising "better" counts only if it repeats on fresh runs and the pooled evidence still says better."""
+def _confirm(ex: _Experiment, n: int, mode: str, *, want: str) -> ExperimentResult:
+    """Promising results count only if they repeat on fresh runs and the pooled evidence still decides for them.
+
+    Promising = a "better" at any stage, or an undecided comparison at the run cap whose point estimate
+    lies beyond the margin (in either direction). ``n`` fresh runs per arm are added (ABAB, new seeds);
+    the fresh runs alone must point the same way, the verdict over all runs must be ``want``, and in
+    mode "both" the production-shape replay of the fresh runs must not be worse.
+    """
     res = ex.res
-    stop = ex.fill(n, "confirmation", mode)
+    stop = ex.fill(n, "confirmation", mode if want == "better" else ("shape" if mode == "shape" else "capacity"))
     if stop == "invalid":
         res.invalid_reasons += ex.fatal()
         return _finish(ex, "invalid", "confirmation runs cannot support a comparison")
-    fresh_b = [float(r.value(res.metric)) for r in res.runs if r.arm == "baseline" and r.valid and r.purpose == "confirmation"]
-    fresh_c = [float(r.value(res.metric)) for r in res.runs if r.arm == "candidate" and r.valid and r.purpose == "confirmation"]
+    fresh = {arm: [float(r.value(res.metric)) for r in res.runs if r.arm == arm and r.valid
+                   and r.purpose == "confirmation" and r.value(res.metric) is not None]
+             for arm in ("baseline", "candidate")}
     pooled = ex.verdict("confirmation: pooled")
-    problems = []
-    if stop:
-        problems.append(stop)
-    if not fresh_b or not fresh_c:
+    problems = [stop] if stop else []
+    if not fresh["baseline"] or not fresh["candidate"]:
         problems.append("no valid confirmation runs")
-    elif float(np.median(fresh_c)) <= float(np.median(fresh_b)):
-        problems.append(f"fresh runs do not repeat the gain (ratio {np.median(fresh_c) / np.median(fresh_b):.4f})")
-    if pooled is None or pooled.verdict != "better":
-        problems.append(f"pooled verdict is {pooled.verdict if pooled else 'unavailable'}")
-    if mode == "both":
+    else:
+        fresh_ratio = float(np.median(fresh["candidate"]) / np.median(fresh["baseline"]))
+        if (fresh_ratio <= 1) if want == "better" else (fresh_ratio >= 1):
+            problems.append(f"fresh runs do not repeat the direction (ratio {fresh_ratio:.4f})")
+    if pooled is None or pooled.verdict != want:
+        problems.append(f"verdict over all runs is {pooled.verdict if pooled else 'unavailable'}")
+    if mode == "both" and want == "better":
         shape = ex.verdict("confirmation: production shape", purposes=("confirmation",), metric="replay_capacity")
         if shape is None:
             problems.append("no production-shape replay results")
         elif shape.verdict == "worse" or shape.ratio_median <= 1:
             problems.append(f"production-shape replay does not confirm (ratio {shape.ratio_median:.4f}, {shape.verdict})")
-    if pooled is not None:
-        res.stats = pooled
+    if pooled is None:
+        res.invalid_reasons.append("fewer than 2 valid runs per arm after confirmation")
+        return _finish(ex, "invalid", "not enough valid runs")
     if not problems:
-        return _finish(ex, "better", f"confirmed on {n} fresh runs per arm; {pooled.reason}", confirmed=True)
-    final = pooled.verdict if pooled is not None and pooled.verdict in ("same", "worse") else "same"
-    return _finish(ex, final, "better not confirmed: " + "; ".join(problems))
+        res.stats = pooled
+        return _finish(ex, want, f"confirmed on {n} fresh runs per arm; {pooled.reason}", confirmed=True)
+    why = f"{want} not confirmed: " + "; ".join(problems)
+    if pooled.verdict in (want, "undecided"):
+        pooled = stats.stop_undecided(stats.Verdict(**{**pooled.to_dict(), "verdict": "undecided"}), why)
+        ex.record("stopped", res.metric, pooled)
+    res.stats = pooled
+    return _finish(ex, pooled.verdict, why if pooled.verdict == "same" else f"{pooled.reason} ({why})")
 
 
 def _finish(ex: _Experiment, verdict: str, reason: str, *, confirmed: bool = False) -> ExperimentResult:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Literal, Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ VerdictName = Literal["better", "same", "worse", "undecided"]
 CONFIDENCE = 0.95
 N_RESAMPLES = 10_000
 MIN_MARGIN = 0.02
+AA_DRAWS = 20_000
 RUN_SCHEDULE = (5, 10, 20)  # runs per arm at each stage; undecided at a stage -> the next one
 
 
@@ -48,8 +50,9 @@ class Verdict:
     ratio_median: float  # median(candidate) / median(baseline); > 1 means the candidate is better
     ci_low: float
     ci_high: float
-    margin: float  # max(min_margin, noise_cv)
-    noise_cv: float
+    margin: float  # max(min_margin, noise_floor)
+    noise_cv: float  # run-level CV of capacity (from the noise baseline or this experiment's baseline runs)
+    noise_floor: float  # 95th percentile of |A/A effect| at these run counts, given noise_cv
     n_baseline: int
     n_candidate: int
     p_value: float | None  # min(Mann-Whitney U, Kolmogorov-Smirnov) two-sided, as Pinpoint does
@@ -113,6 +116,29 @@ def noise_floor(capacities: Sequence[float], *, seed: int = 0, confidence: float
                       confidence=confidence, ci_method=method)
 
 
+@lru_cache(maxsize=256)
+def _aa_floor(cv: float, n_baseline: int, n_candidate: int, quantile: float) -> float:
+    rng = np.random.default_rng(12345)
+    sigma = math.sqrt(math.log1p(cv * cv))
+    a = np.median(rng.lognormal(0.0, sigma, (AA_DRAWS, n_baseline)), axis=1)
+    b = np.median(rng.lognormal(0.0, sigma, (AA_DRAWS, n_candidate)), axis=1)
+    return float(np.quantile(np.abs(b / a - 1.0), quantile))
+
+
+def aa_noise_floor(cv: float, n_baseline: int, n_candidate: int, *, quantile: float = 0.95) -> float:
+    """The noise floor of a comparison (methods.md §1): the ``quantile`` of |median ratio - 1| between two
+    arms of identical configs with these run counts, when single runs vary with coefficient ``cv``.
+
+    Computed by a seeded Monte Carlo over lognormal run-level noise (20,000 A/A draws), so it is exact
+    for small run counts where the normal approximation of the median is poor.
+    """
+    if not (cv >= 0 and math.isfinite(cv)):
+        raise ValueError(f"aa_noise_floor: cv must be a finite number >= 0, got {cv}")
+    if cv == 0:
+        return 0.0
+    return _aa_floor(round(float(cv), 6), int(n_baseline), int(n_candidate), float(quantile))
+
+
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median, CV and relative range of one quantity across runs (latency quantiles at a reference rate)."""
     arr = _clean(values, "spread")
@@ -140,8 +166,10 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
     """better | same | worse | undecided from run-level capacities (higher is better).
 
     Statistic: median(candidate)/median(baseline) with a bootstrap CI. Margin = max(min_margin,
-    noise_cv). better: CI entirely above 1+margin; worse: CI entirely below 1-margin; same: CI
-    inside [1-margin, 1+margin]; anything else is undecided (the harness adds runs).
+    noise floor), the noise floor being the 95th percentile of |A/A effect| at these run counts given
+    the run-level ``noise_cv`` (``aa_noise_floor``, methods.md §1). better: CI entirely above
+    1+margin; worse: CI entirely below 1-margin; same: CI inside [1-margin, 1+margin]; anything else
+    is undecided (the harness adds runs).
     """
     a = _clean(baseline, "verdict baseline")
     b = _clean(candidate, "verdict candidate")
@@ -149,7 +177,8 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
         raise ValueError(f"verdict: baseline median must be > 0, got {float(np.median(a))}")
     if not (noise_cv >= 0 and math.isfinite(noise_cv)):
         raise ValueError(f"verdict: noise_cv must be a finite number >= 0, got {noise_cv}")
-    margin = max(float(min_margin), float(noise_cv))
+    floor = aa_noise_floor(float(noise_cv), len(a), len(b))
+    margin = max(float(min_margin), floor)
     ratio = float(np.median(b) / np.median(a))
     lo, hi, method = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=confidence,
                                    n_resamples=n_resamples)
@@ -162,7 +191,7 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
     else:
         name, reason = "undecided", f"CI [{lo:.4f}, {hi:.4f}] straddles a margin boundary (1±{margin:.4f})"
     return Verdict(verdict=name, ratio_median=ratio, ci_low=lo, ci_high=hi, margin=margin,
-                   noise_cv=float(noise_cv), n_baseline=len(a), n_candidate=len(b),
+                   noise_cv=float(noise_cv), noise_floor=floor, n_baseline=len(a), n_candidate=len(b),
                    p_value=_p_value(a, b), equivalence_shown=name == "same", underpowered=False,
                    reason=reason, ci_method=method, confidence=confidence,
                    baseline=a.tolist(), candidate=b.tolist())

@@ -84,7 +84,8 @@ def test_no_effect_is_same(endpoint, pool):
 def test_undecided_adds_runs_then_stops_at_the_cap_as_same(endpoint, pool):
     eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.02}), noise_cv=0.06)
     res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
-                         settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=6))
+                         settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=6),
+                         noise_cv=0.005)  # a 2% margin against 6%-CV runs: cannot decide
     stages = [s["stage"] for s in res.stages]
     assert stages[:2] == ["n=3", "n=6"] and stages[-1] == "stopped"
     assert res.verdict == "same" and "run cap of 6" in res.reason and not res.stats.equivalence_shown
@@ -97,7 +98,8 @@ def test_wall_budget_stop_is_same_with_the_reason(endpoint, pool):
                          settings=settings(confirm=False), budget=Budget(max_wall_s=0.0))
     assert res.verdict == "invalid" and "fewer than 2 valid runs" in res.invalid_reasons[0]
     res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
-                         settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_wall_s=0.6))
+                         settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_wall_s=0.6),
+                         noise_cv=0.005)
     assert res.verdict in ("same", "better", "worse")
     if res.verdict == "same":
         assert "budget" in res.reason or "run cap" in res.reason
@@ -206,3 +208,16 @@ def test_external_engine_is_refused_for_experiments(endpoint, pool):
     eng.restartable = False
     with pytest.raises(harness.EngineError, match="baselines only"):
         run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng)
+
+
+def test_promising_undecided_at_the_cap_gets_fresh_runs(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.08}), noise_cv=0.05)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=6),
+                         noise_cv=0.005)
+    stages = [s["stage"] for s in res.stages]
+    assert stages[:2] == ["n=3", "n=6"] and res.stages[1]["verdict"] == "undecided"
+    assert abs(res.stages[1]["ratio_median"] - 1) >= res.stages[1]["margin"]
+    assert "confirmation: pooled" in stages
+    assert len([r for r in res.runs if r.purpose == "confirmation"]) == 6
+    assert res.verdict in ("better", "same") and (res.verdict == "better") == res.confirmed

@@ -25,8 +25,8 @@ def test_margin_follows_noise_floor_and_evidence_is_kept():
     rng = np.random.default_rng(2)
     base, cand = _sample(rng, 10, 0.01, 10), _sample(rng, 10.5, 0.01, 10)
     v = stats.verdict(base, cand, noise_cv=0.08)
-    assert v.margin == pytest.approx(0.08)
-    assert v.verdict != "better"  # +5% is inside an 8% noise floor
+    assert v.margin == pytest.approx(stats.aa_noise_floor(0.08, 10, 10)) and v.margin > 0.06
+    assert v.verdict != "better"  # +5% is inside the A/A noise floor of 8%-CV runs
     assert v.baseline == base and v.candidate == cand and v.n_baseline == 10
     assert v.ci_low <= v.ratio_median <= v.ci_high
     assert stats.verdict(base, cand, noise_cv=0.0).verdict == "better"
@@ -87,6 +87,15 @@ def test_aa_false_positive_rate_is_low():
                           n_resamples=2000)
         wrong += v.verdict in ("better", "worse")
     assert wrong / 150 <= 0.02
+
+
+def test_aa_noise_floor_shrinks_with_runs_and_grows_with_cv():
+    f = stats.aa_noise_floor
+    assert f(0.0, 5, 5) == 0.0
+    assert f(0.02, 5, 5) > f(0.02, 10, 10) > f(0.02, 20, 20)
+    assert f(0.03, 10, 10) > f(0.02, 10, 10)
+    # normal approximation of the median: 1.96 * 1.2533 * cv * sqrt(2/n) at large n
+    assert f(0.02, 20, 20) == pytest.approx(1.96 * 1.2533 * 0.02 * (2 / 20) ** 0.5, rel=0.15)
 
 
 def test_spread_of_latency_quantiles():
