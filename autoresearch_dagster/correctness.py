@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import json
 import math
+import os
 import random
 import threading
 import time
@@ -446,8 +447,6 @@ def gate(baseline_url: str, candidate_url: str, prompts: PromptSet | Sequence[st
     ``prompts`` defaults to ``prompt_set()``. ``positive_control_url``: a server known to be wrong;
     if the gate passes it, the result fails with the reason that the gate has no power.
     """
-    import os
-
     t0 = time.monotonic()
     if top_k < 1:
         raise ValueError("top_k must be at least 1")

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,12 +32,26 @@ def _endpoint(tmp_path, **opts) -> EndpointSpec:
                         sla="ttft_p99<=3000ms", engine="sglang", engine_options=options)
 
 
-def _gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+def _live_members(pgid: int) -> list[int]:
+    """Processes in the group that are not zombies (an orphaned child may wait for a slow reaper)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _gone(pgid: int, wait_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while _live_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_launch_command_is_built_from_knobs(tmp_path):
@@ -65,11 +80,13 @@ def test_config_drift_names_the_knob():
 
 
 def test_deploy_runs_a_real_server_process_and_close_kills_its_group(tmp_path):
-    eng = SGLangEngine(_endpoint(tmp_path))
+    # like SGLang's scheduler and detokenizer processes, a child shares the server's process group
+    with_child = ["sh", "-c", f'sleep 300 & exec "{sys.executable}" -m autoresearch_dagster.tinymodel "$@"', "sh"]
+    eng = SGLangEngine(_endpoint(tmp_path, launch_command=with_child))
     dep = eng.deploy({"chunked_prefill_size": 4096, "kv_cache_dtype": "fp8_e4m3"}, seed=3)
     pgid = dep.process.pgid
     try:
-        assert dep.process.alive() and not _gone(pgid)
+        assert dep.process.alive() and len(_live_members(pgid)) >= 2  # server + child
         info = dep.server_info()
         assert info["chunked_prefill_size"] == 4096 and info["random_seed"] == 3
         assert "kv-fp8-e4m3" in info["numerics"]  # the launch flags reached the server and changed its numerics
@@ -87,7 +104,7 @@ def test_deploy_runs_a_real_server_process_and_close_kills_its_group(tmp_path):
         assert all(r.output_tokens == 4 and r.ttft_s is not None for r in out.records)
     finally:
         dep.close()
-    assert _gone(pgid)
+    assert _gone(pgid)  # the server and its sleeping child are both gone
     assert (dep.run_dir / "exit_code").exists()
     assert "tinymodel serving" in (dep.run_dir / "server.log").read_text()
 
