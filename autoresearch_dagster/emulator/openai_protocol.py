@@ -327,6 +327,7 @@ class ResponseWriter:
 
     def __init__(self, req: GenRequest, *, rid: str, model: str, text_seed: int, pieces: TextPieces):
         self.req = req
+        self.rid = rid
         self.model = model
         self.seed = text_seed
         self.pieces = pieces

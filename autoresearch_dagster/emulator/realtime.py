@@ -69,6 +69,7 @@ class RealtimeDriver:
         self._streams: dict[str, TokenStream] = {}
         self._heap: list[tuple[float, int, Step]] = []  # steps in flight: (end, seq, step)
         self._seq = 0
+        self._new_arrival: float | None = None  # earliest arrival not yet seen by the scheduler
         self._waiter: asyncio.Future | None = None
         self._idle: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -81,8 +82,8 @@ class RealtimeDriver:
         """Engine time: seconds since the driver was created, on the monotonic clock."""
         return time.monotonic() - self._t0
 
-    def _arrival_time(self) -> float:
-        t = self.now()
+    def _arrival_time(self, received_s: float | None) -> float:
+        t = self.now() if received_s is None else min(received_s, self.now())
         return min(t, self._heap[0][0]) if self._heap else t
 
     # ---- lifecycle
@@ -126,17 +127,20 @@ class RealtimeDriver:
 
     # ---- requests
     def submit(self, rid: str, prompt_tokens: int, output_tokens: int, block_hashes: list[int],
-               block_tokens: int) -> TokenStream:
+               block_tokens: int, *, received_s: float | None = None) -> TokenStream:
+        """Hand a request to the core. ``received_s`` (engine time the HTTP request came in) is its
+        arrival: the server's own parsing time is not emulated GPU time, so it is not charged to TTFT."""
         if not self.running:
             raise RuntimeError(f"the emulator engine is not running ({self.failure!r})")
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in flight")
-        t = self._arrival_time()
+        t = self._arrival_time(received_s)
         stream = TokenStream(rid, t)
         self._streams[rid] = stream
         self._idle.clear()
         self.core.add_request(EmuRequest(rid=rid, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                                          block_hashes=block_hashes, block_tokens=block_tokens, arrival_s=t), t)
+        self._new_arrival = t if self._new_arrival is None else min(self._new_arrival, t)
         self._wake()
         return stream
 
@@ -183,7 +187,9 @@ class RealtimeDriver:
                     else:
                         self.late_resyncs += 1
                         self._schedule(real)
-                self._schedule(real)
+                # an idle replica starts a new request from its arrival, not from when this loop woke
+                first_new, self._new_arrival = self._new_arrival, None
+                self._schedule(real if first_new is None else min(real, first_new))
                 self._waiter = loop.create_future()
                 if heap:
                     remaining = heap[0][0] - self.now()

@@ -15,28 +15,28 @@ Served: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming or no
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
 
-from autoresearch_dagster import __version__
 from autoresearch_dagster.emulator.openai_protocol import (
     GenRequest, RequestError, ResponseWriter, TextPieces, error_body, output_length, parse_request, text_seed, usage,
 )
+from autoresearch_dagster.emulator.profile import write_profile
 from autoresearch_dagster.emulator.prometheus import (
     E2E_BUCKETS, ITL_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram, exposition, render_scalar,
 )
 from autoresearch_dagster.emulator.realtime import RealtimeDriver, TokenStream
+from autoresearch_dagster.engines.emulator import emulator_version
 from autoresearch_dagster.spec import EndpointSpec, validate_server_config
 
 try:
@@ -44,7 +44,6 @@ try:
 except ImportError:  # pragma: no cover - non-Linux
     uvloop = None
 
-ENGINE_VERSION = f"sglang-emulator-{__version__}"  # what /server_info reports as "version"
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: output reserve SGLang admits against
 DEFAULT_BLOCK_TOKENS = 64  # prefix-block size of the hashes handed to the core (the pool's default)
 _PROFILE_ACTIVITIES = {"CPU", "GPU"}
@@ -58,18 +57,6 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 def _error(message: str, status: int = 400, param: str | None = None) -> web.Response:
     return _json(error_body(message, status=status, param=param), status=status)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass
@@ -93,7 +80,8 @@ class EmulatorServer:
     """
 
     def __init__(self, endpoint: EndpointSpec, config: dict | None = None, *, seed: int = 0, noise: Any = None,
-                 model_name: str | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, core: Any = None):
+                 model_name: str | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, core: Any = None,
+                 request_log_size: int = 100_000):
         from autoresearch_dagster.emulator.catalog import MODELS, gpu, model_card
 
         self.endpoint = endpoint
@@ -128,6 +116,8 @@ class EmulatorServer:
             "sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:cached_tokens_total",
             "sglang:num_requests_total", "sglang:num_aborted_requests_total", "sglang:http_requests_total")}
         self.http_active = 0
+        # engine-clock timings of recently finished requests, for comparing with the virtual-time mode
+        self.request_log: deque[ServedRequest] = deque(maxlen=request_log_size)
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ app
@@ -175,6 +165,7 @@ class EmulatorServer:
     async def _generate(self, request: web.Request, api: str) -> web.StreamResponse:
         self.counters["sglang:http_requests_total"] += 1
         self.http_active += 1
+        received = self.driver.now() if self.driver is not None else None
         try:
             try:
                 raw = await request.read()
@@ -187,7 +178,7 @@ class EmulatorServer:
                 return _error(e.message, e.status, e.param)
             if not self.healthy:
                 return _error("the emulator engine is not ready", 503)
-            rid = req.rid or uuid.uuid4().hex
+            rid = req.rid or request.headers.get("X-Request-Id") or uuid.uuid4().hex
             if self.driver.has(rid):
                 return _error(f"request id {rid!r} is already in flight", 400, "rid")
             tseed = text_seed(req, self.seed)
@@ -200,7 +191,7 @@ class EmulatorServer:
             writer = ResponseWriter(req, rid=rid, model=self.model_name, text_seed=tseed,
                                     pieces=TextPieces(tseed, n_out))
             stream = self.driver.submit(rid, req.prompt_tokens, n_out, req.block_hashes(self.block_tokens),
-                                        self.block_tokens)
+                                        self.block_tokens, received_s=received)
             acct = _Accounting(stream.arrival_s)
             try:
                 if req.stream:
@@ -227,8 +218,10 @@ class EmulatorServer:
         acct.last_t = t
         acct.generated += n
 
-    def _finish(self, req: GenRequest, acct: "_Accounting") -> None:
+    def _finish(self, req: GenRequest, acct: "_Accounting", rid: str) -> None:
         acct.finished = True
+        self.request_log.append(ServedRequest(rid, acct.arrival, acct.first_t, acct.last_t, acct.generated,
+                                              acct.cached))
         c = self.counters
         c["sglang:num_requests_total"] += 1
         c["sglang:prompt_tokens_total"] += req.prompt_tokens
@@ -248,7 +241,7 @@ class EmulatorServer:
                     return _error(ev.error, 500)
                 self._account(acct, t, ev.n_tokens, ev.cached_tokens)
                 if ev.finished:
-                    self._finish(req, acct)
+                    self._finish(req, acct, writer.rid)
         return _json(writer.full(acct.generated, acct.cached))
 
     async def _stream(self, request: web.Request, req: GenRequest, stream: TokenStream, writer: ResponseWriter,
@@ -269,7 +262,7 @@ class EmulatorServer:
                 self._account(acct, t, ev.n_tokens, ev.cached_tokens)
                 gen = acct.generated
                 if ev.finished:
-                    self._finish(req, acct)
+                    self._finish(req, acct, writer.rid)
                     reason = writer.final_reason(gen)
                     u = usage(req.prompt_tokens, gen, acct.cached)
                     if gen > sent:
@@ -282,7 +275,7 @@ class EmulatorServer:
                     parts.append("data: [DONE]\n\n")
                     sent = gen
                     break
-                if gen // si > sent // si:  # crossed a stream_interval boundary: SGLang emits a chunk
+                if sent == 0 or gen // si > sent // si:  # first token at once, then per stream_interval tokens
                     parts.append(writer.chunk(sent, gen, first=sent == 0,
                                               usage_now=usage(req.prompt_tokens, gen, acct.cached)
                                               if req.continuous_usage else None))
@@ -324,7 +317,7 @@ class EmulatorServer:
             "served_model_name": self.model_name,
             "launch_command": "autoresearch emulator serve --endpoint " + (self.endpoint.source_path or self.endpoint.name),
             "max_req_input_len": min(self.context_len, self.max_total_num_tokens) - 1,
-            "version": ENGINE_VERSION,
+            "version": emulator_version(),  # the same string EmulatorEngine.version() reports
         }
 
     async def _server_info(self, _request: web.Request) -> web.Response:
@@ -427,16 +420,28 @@ class EmulatorServer:
         if not p.active:
             return []
         trace = self.core.stop_profile()
-        data = gzip.compress(json.dumps(trace).encode(), compresslevel=5)
         stem = (f"{p.prefix}-" if p.prefix else "") + p.profile_id
-        files = []
-        for rank in range(self.tp_size):
-            path = p.output_dir / f"{stem}-TP-{rank}.trace.json.gz"
-            atomic_write_bytes(path, data)
-            files.append(str(path))
-        p.files = files
-        self.last_profile_files = files
-        return files
+        p.files = write_profile(trace, p.output_dir, stem, self.tp_size)
+        return p.files
+
+
+@dataclass(frozen=True)
+class ServedRequest:
+    """One finished request on the engine clock (seconds since the server started)."""
+    rid: str
+    arrival_s: float
+    first_token_s: float
+    end_s: float
+    output_tokens: int
+    cached_tokens: int
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.end_s - self.first_token_s) / (self.output_tokens - 1) if self.output_tokens > 1 else None
 
 
 @dataclass
