@@ -171,3 +171,19 @@ def test_real_sglang_parser_accepts_valid_and_rejects_invalid_configs():
     assert bad_algo and "MTP" in bad_algo[0]
     assert bad_knob and "tp_size" in bad_knob[0]  # caught by KNOBS before SGLang sees it
     assert validate_with_sglang_parser({"page_size": 16}, "/models/m", python=py) == []
+
+
+def test_correctness_gate_across_two_engine_deployments(tmp_path):
+    from autoresearch_dagster.correctness import gate, prompt_set
+
+    eng = SGLangEngine(_endpoint(tmp_path))
+    base = eng.deploy({}, seed=0)
+    try:
+        cand = eng.deploy({"kv_cache_dtype": "fp8_e4m3"}, seed=0)
+        try:
+            res = gate(base.base_url, cand.base_url, prompt_set(1, long_chars=200), model="tiny", gen_tokens=8)
+        finally:
+            cand.close()
+    finally:
+        base.close()
+    assert res.passed and res.method == "echo" and 0 < res.kl_mean < res.threshold
