@@ -53,6 +53,16 @@ class PrefixCache:
             else:
                 seen.add(h)
 
+    def add_flat(self, hashes: np.ndarray) -> None:
+        """The hashes of many requests at once; same counts as ``add`` per request in order."""
+        if not len(hashes):
+            return
+        seen = self._seen
+        new = [h for h in np.unique(hashes).tolist() if h not in seen]
+        self.total += len(hashes)
+        self.hits += len(hashes) - len(new)  # each id's first occurrence misses unless seen before
+        seen.update(new)
+
     @property
     def hit_rate(self) -> float:
         return self.hits / self.total if self.total else 0.0
@@ -74,6 +84,15 @@ class WorkloadStats:
         self.output_tokens.append(output_tokens)
         self.latencies.append(float("nan") if latency_s is None else latency_s)
         self.cache.add(hashes)
+
+    def add_many(self, arrivals: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 hashes: np.ndarray | None = None) -> None:
+        self.arrivals.frombytes(np.ascontiguousarray(arrivals, np.float64).tobytes())
+        self.prompt_tokens.frombytes(np.ascontiguousarray(prompt_tokens, np.int64).tobytes())
+        self.output_tokens.frombytes(np.ascontiguousarray(output_tokens, np.int64).tobytes())
+        self.latencies.frombytes(np.full(len(arrivals), np.nan).tobytes())
+        if hashes is not None:
+            self.cache.add_flat(hashes)
 
     def __len__(self) -> int:
         return len(self.arrivals)

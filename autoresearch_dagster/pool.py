@@ -2,7 +2,8 @@
 
 A pool directory holds ``replay_pool.parquet`` (one row per request, metadata in the Parquet
 schema under ``autoresearch.pool``) and, for token-count trace pools, ``blocks.parquet`` (hash id
--> text of ``block_tokens`` tokens, each distinct block stored once). Trace prompts are assembled
+-> text of ``block_tokens`` tokens, each distinct block stored once, dictionary-coded as ids into
+a bank of eight-token phrases that the file's metadata carries). Trace prompts are assembled
 when a request is read: the leading blocks from the block table, then a per-request tail of
 synthesized text, so a long trace stays tens of MB on disk.
 
@@ -19,9 +20,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Iterable, Iterator, Literal
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from autoresearch_dagster.tokens import synth_text
@@ -58,7 +62,7 @@ POOL_SCHEMA = pa.schema([
     ("synth_seed", pa.int64()),
     ("source_latency_s", pa.float64()),
 ])
-BLOCKS_SCHEMA = pa.schema([("hash_id", pa.int64()), ("text", pa.string())])
+PHRASES_KEY = b"autoresearch.phrases"
 
 
 @dataclass
@@ -134,7 +138,7 @@ def request_to_row(r: PoolRequest) -> dict:
 
 
 def assemble_trace_text(hash_ids: list[int], prompt_tokens: int, block_tokens: int, tail_seed: int,
-                        block_text: dict[int, str]) -> str:
+                        block_text: Mapping[int, str]) -> str:
     """Prompt text with exactly ``prompt_tokens`` approx tokens and the recorded prefix structure.
 
     Full blocks come from the block table; when the recorded length ends inside the last listed
@@ -154,22 +158,105 @@ def assemble_trace_text(hash_ids: list[int], prompt_tokens: int, block_tokens: i
     return "".join(parts)
 
 
-_PHRASE_WORDS = 8
-_PHRASES = tuple(synth_text(_PHRASE_WORDS, seed=1_000_003 + i) for i in range(512))
-_BANK16 = _PHRASES * 128  # indexed by a raw 16-bit value: 65536 entries, 512 distinct phrases
+PHRASE_WORDS = 8
+# The phrase bank trace blocks are made of: 512 eight-token phrases (" word" x 8). blocks.parquet
+# stores each block as its phrase ids and carries this bank in its metadata, so the file alone
+# decodes to text; the encoding keeps a one-hour trace's block table tens of MB instead of GB.
+PHRASES = tuple(synth_text(PHRASE_WORDS, seed=1_000_003 + i) for i in range(512))
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer over uint64 arrays (wrapping arithmetic)."""
+    z = z + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def block_phrase_ids(hash_ids: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Phrase ids (n, ceil(block_tokens / 8)) of blocks: an independent hash stream per block id."""
+    k = -(-block_tokens // PHRASE_WORDS)
+    with np.errstate(over="ignore"):
+        base = _mix(np.asarray(hash_ids, dtype=np.int64).astype(np.uint64))
+        j = (np.arange(k, dtype=np.uint64) + np.uint64(1)) * np.uint64(0xD1B54A32D192ED03)
+        return (_mix(base[:, None] ^ j[None, :]) % np.uint64(len(PHRASES))).astype(np.uint16)
+
+
+def phrases_to_text(ids, block_tokens: int, phrases=PHRASES) -> str:
+    """Decode one block: whole phrases, then the first (block_tokens mod 8) words of one more."""
+    full, rest = divmod(block_tokens, PHRASE_WORDS)
+    text = "".join([phrases[i] for i in ids[:full]])
+    if rest:
+        text += "".join(" " + w for w in phrases[ids[full]].split(" ")[1:rest + 1])
+    return text
 
 
 def block_text_for(hash_id: int, block_tokens: int) -> str:
-    """The synthesized text of one trace block: exactly ``block_tokens`` approx tokens, a function of the id.
+    """The synthesized text of one trace block: exactly ``block_tokens`` approx tokens, a function of the id."""
+    return phrases_to_text(block_phrase_ids(np.array([hash_id]), block_tokens)[0].tolist(), block_tokens)
 
-    Built from a fixed bank of 512 eight-word phrases picked by a hash of the id: cheap to make
-    (one hash + one join per block) and it compresses well in blocks.parquet, while distinct ids
-    still give distinct text.
-    """
-    n_phr, rest = divmod(block_tokens, _PHRASE_WORDS)
-    stream = hashlib.shake_256(int(hash_id).to_bytes(8, "big", signed=True)).digest(2 * n_phr)
-    text = "".join(map(_BANK16.__getitem__, memoryview(stream).cast("H")))
-    return text + synth_text(rest, seed=int(hash_id) & (2**62 - 1)) if rest else text
+
+class BlockTable(Mapping):
+    """hash id -> block text, decoded from blocks.parquet on access (and cached)."""
+
+    def __init__(self, path: Path | None, block_tokens: int):
+        self.block_tokens = block_tokens
+        self._rows: dict[int, int] = {}
+        self._ids = None
+        self._phrases = PHRASES
+        self._cache: dict[int, str] = {}
+        if path is not None and path.exists():
+            t = pq.read_table(path)
+            raw = (pq.read_metadata(path).metadata or {}).get(PHRASES_KEY)
+            if raw:
+                self._phrases = tuple(json.loads(raw))
+            self._ids = t.column("phrase_ids").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
+            self._rows = {h: i for i, h in enumerate(t.column("hash_id").to_pylist())}
+
+    def __getitem__(self, h: int) -> str:
+        text = self._cache.get(h)
+        if text is None:
+            text = phrases_to_text(self._ids[self._rows[h]].tolist(), self.block_tokens, self._phrases)
+            self._cache[h] = text
+        return text
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+class _ContentHash:
+    """Hash of a pool's rows that does not depend on how they were batched: one running hash per column."""
+
+    def __init__(self) -> None:
+        self._cols: dict[str, "hashlib._Hash"] = {}
+
+    def _h(self, key: str) -> "hashlib._Hash":
+        if key not in self._cols:
+            self._cols[key] = hashlib.sha256()
+        return self._cols[key]
+
+    def update(self, table: pa.Table) -> None:
+        for name in table.column_names:
+            col = table.column(name).combine_chunks()
+            if pa.types.is_list(col.type):
+                self._h(name + ":len").update(pc.list_value_length(col).fill_null(-1).to_numpy().astype(np.int64).tobytes())
+                self._h(name).update(pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int64).tobytes())
+            elif (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)) and col.null_count == 0:
+                self._h(name).update(col.to_numpy().astype(np.float64 if pa.types.is_floating(col.type)
+                                                            else np.int64).tobytes())
+            else:  # strings and nullable numbers: separator after every value keeps batches concatenable
+                self._h(name).update("".join(f"{v}\x1f" for v in col.to_pylist()).encode())
+
+    def digest(self, extra: bytes = b"") -> str:
+        h = hashlib.sha256()
+        for key in sorted(self._cols):
+            h.update(key.encode() + b"=" + self._cols[key].digest())
+        h.update(extra)
+        return h.hexdigest()
 
 
 class PoolWriter:
@@ -179,14 +266,16 @@ class PoolWriter:
     exception inside a ``with`` block) removes the temp dir, so a failed build leaves no pool.
     """
 
-    def __init__(self, out_dir: str | Path, *, row_group_rows: int = 8192):
+    def __init__(self, out_dir: str | Path, *, row_group_rows: int = 65536):
         self.out_dir = Path(out_dir)
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tmp-", dir=self.out_dir.parent))
         self._rows: list[dict] = []
+        self._tables: list[pa.Table] = []
+        self._table_rows = 0
         self._row_group_rows = row_group_rows
         self._writer: pq.ParquetWriter | None = None
-        self._hash = hashlib.sha256()
+        self._hash = _ContentHash()
         self.n_rows = 0
         self._block_ids: set[int] = set()
 
@@ -202,45 +291,51 @@ class PoolWriter:
 
     def add_row(self, row: dict) -> None:
         """Add one row in ``request_to_row`` shape (nested values already JSON strings)."""
-        self._hash.update("\x1f".join([str(row.get(k)) for k in POOL_SCHEMA.names]).encode())
         self._rows.append(row)
         self.n_rows += 1
-        if len(self._rows) >= self._row_group_rows:
+        if len(self._rows) >= 4096:  # chat rows are large: smaller row groups keep memory bounded
             self._flush()
 
-    def add_columns(self, columns: dict[str, list]) -> None:
-        """Add a batch given as columns (the fast path for token-count traces)."""
+    def add_table(self, table: pa.Table) -> None:
+        """Add a batch of rows already in POOL_SCHEMA (the fast path for token-count traces)."""
         self._flush()
-        n = len(columns["id"])
-        for name in POOL_SCHEMA.names:
-            self._hash.update(("\x1e" + name + "\x1f".join(map(str, columns.get(name) or ()))).encode())
-        table = pa.Table.from_pydict({name: columns.get(name, [None] * n) for name in POOL_SCHEMA.names},
-                                     schema=POOL_SCHEMA)
-        self.n_rows += n
-        self._write_table(table)
+        self.n_rows += table.num_rows
+        self._tables.append(table)
+        self._table_rows += table.num_rows
+        if self._table_rows >= self._row_group_rows:
+            self._flush()
 
     def add_block(self, hash_id: int) -> None:
         """Register a trace block; its text (``block_text_for``) is written once, at commit."""
         self._block_ids.add(hash_id)
 
+    def add_blocks(self, hash_ids: Iterable[int]) -> None:
+        self._block_ids.update(hash_ids)
+
     def has_block(self, hash_id: int) -> bool:
         return hash_id in self._block_ids
 
     def _write_table(self, table: pa.Table) -> None:
+        self._hash.update(table)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.tmp / POOL_FILE, POOL_SCHEMA, compression="zstd")
-        self._writer.write_table(table, row_group_size=max(self._row_group_rows, table.num_rows))
+        self._writer.write_table(table, row_group_size=max(4096, table.num_rows))
 
     def _flush(self) -> None:
         if self._rows:
             self._write_table(pa.Table.from_pylist(self._rows, schema=POOL_SCHEMA))
             self._rows = []
+        if self._tables:
+            self._write_table(pa.concat_tables(self._tables).combine_chunks())
+            self._tables, self._table_rows = [], 0
 
     def content_hash(self, block_tokens: int) -> str:
-        h = self._hash.copy()
+        """Hash of the rows (flushed first) and, for trace pools, the block table's ids and block size."""
+        self._flush()
+        extra = b""
         if self._block_ids:  # block text is a function of (id, block_tokens): hashing both covers it
-            h.update(f"blocks:{block_tokens}:".encode() + array("q", sorted(self._block_ids)).tobytes())
-        return h.hexdigest()
+            extra = f"blocks:{block_tokens}:".encode() + array("q", sorted(self._block_ids)).tobytes()
+        return self._hash.digest(extra)
 
     def write_file(self, name: str, data: str | bytes) -> Path:
         path = self.tmp / name
@@ -259,12 +354,16 @@ class PoolWriter:
         self._writer.close()
         self._writer = None
         if self._block_ids:
-            ids = sorted(self._block_ids)
-            with pq.ParquetWriter(self.tmp / BLOCKS_FILE, BLOCKS_SCHEMA, compression="zstd") as bw:
-                for i in range(0, len(ids), 8192):  # streamed: memory stays bounded by one chunk of text
-                    chunk = ids[i:i + 8192]
-                    bw.write_table(pa.Table.from_pydict(
-                        {"hash_id": chunk, "text": [block_text_for(h, block_tokens) for h in chunk]}, schema=BLOCKS_SCHEMA))
+            ids = np.array(sorted(self._block_ids), dtype=np.int64)
+            k = -(-block_tokens // PHRASE_WORDS)
+            schema = pa.schema([("hash_id", pa.int64()), ("phrase_ids", pa.list_(pa.uint16(), k))],
+                               metadata={PHRASES_KEY: json.dumps(PHRASES).encode(),
+                                         b"block_tokens": str(block_tokens).encode()})
+            with pq.ParquetWriter(self.tmp / BLOCKS_FILE, schema, compression="zstd") as bw:
+                for i in range(0, len(ids), 65536):  # streamed: memory bounded by one chunk
+                    chunk = ids[i:i + 65536]
+                    phr = pa.FixedSizeListArray.from_arrays(pa.array(block_phrase_ids(chunk, block_tokens).ravel()), k)
+                    bw.write_table(pa.Table.from_arrays([pa.array(chunk), phr], schema=schema))
         final = self.out_dir
         if final.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
@@ -312,18 +411,15 @@ class ReplayPool:
         self.meta = meta
         self._table = table
         self._cols = {name: table.column(name).to_pylist() for name in table.column_names}
-        self._blocks: dict[int, str] | None = None
+        self._blocks: BlockTable | None = None
         self.block_tokens = int(meta.get("block_tokens", 64))
 
     @property
-    def blocks(self) -> dict[int, str]:
+    def blocks(self) -> BlockTable:
         """The block table (hash id -> text), read from blocks.parquet on first use."""
         if self._blocks is None:
             f = self.path.parent / BLOCKS_FILE
-            self._blocks = {}
-            if f.exists():
-                bt = pq.read_table(f)
-                self._blocks = dict(zip(bt.column("hash_id").to_pylist(), bt.column("text").to_pylist()))
+            self._blocks = BlockTable(f if f.exists() else None, self.block_tokens)
         return self._blocks
 
     def __len__(self) -> int:

@@ -18,20 +18,24 @@ from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
 
 from autoresearch_dagster.fidelity import FidelityThresholds, WorkloadStats, compare, ks_check, token_change_check
-from autoresearch_dagster.logs import MOONCAKE_BLOCK_TOKENS, LogRecord, LogSource, Rejected, ReorderWindow, open_log
-from autoresearch_dagster.pool import PoolWriter, assemble_trace_text, block_text_for, split_for
+from autoresearch_dagster.logs import (MOONCAKE_BLOCK_TOKENS, LogRecord, LogSource, Rejected, ReorderWindow, TraceChunk,
+                                      open_log)
+from autoresearch_dagster.pool import (POOL_SCHEMA, SPLIT_TRAINING_PERCENT, PoolWriter, assemble_trace_text,
+                                       block_text_for, split_for)
 from autoresearch_dagster.pool_chat import CHAT_BLOCK_TOKENS, init_worker, process_chat_batch
 from autoresearch_dagster.redact import KEY_ENV
 from autoresearch_dagster.spec import SpecError
 from autoresearch_dagster.tokens import count_tokens, get_counter
 
-BATCH_LINES = 256
+TRACE_BATCH_LINES = 32768
 PARALLEL_MIN_BYTES = 16 * 2**20  # below this, worker start-up costs more than it saves
 SYNTH_SAMPLE = 100  # trace requests whose assembled prompts are re-counted by the fidelity check
-TRACE_FLUSH_ROWS = 65536
 
 
 @dataclass
@@ -42,14 +46,15 @@ class BuildResult:
     quarantine_path: Path
 
 
-def _batches(src: LogSource, max_records: int | None, n_read: list[int]) -> Iterator[list[tuple[int, bytes]]]:
+def _batches(src: LogSource, max_records: int | None, n_read: list[int], size: int = 256
+             ) -> Iterator[list[tuple[int, bytes]]]:
     batch: list[tuple[int, bytes]] = []
     for line, raw in src.lines():
         if max_records is not None and n_read[0] >= max_records:
             break
         n_read[0] += 1
         batch.append((line, raw))
-        if len(batch) >= BATCH_LINES:
+        if len(batch) >= size:
             yield batch
             batch = []
     if batch:
@@ -85,16 +90,6 @@ def _chat_results(sources: list[LogSource], key: bytes, tokenizer_path: str | No
             yield from items
 
 
-def _trace_records(sources: list[LogSource], max_records: int | None) -> Iterator[object]:
-    n = 0
-    for src in sources:
-        for line, raw in src.lines():
-            if max_records is not None and n >= max_records:
-                return
-            n += 1
-            yield src.parse(line, raw)
-
-
 def _resolve_key(key: bytes | None) -> tuple[bytes, str]:
     if key is not None:
         return key, "caller"
@@ -104,53 +99,73 @@ def _resolve_key(key: bytes | None) -> tuple[bytes, str]:
     return os.urandom(32), "random-per-process"
 
 
-class _TraceColumns:
-    """Accumulates trace rows as columns and registers their blocks with the writer."""
+_MASK64 = 2**64 - 1
 
-    NAMES = ("id", "arrival_s", "conversation_id", "api", "sampling_json", "prompt_tokens", "output_tokens",
-             "output_tokens_source", "block_hashes", "split", "synth_tail_tokens", "synth_seed")
+
+def _mix64(x: int) -> int:
+    """splitmix64 of a line number: a cheap deterministic hash (scalar twin of ``_mix64_np``)."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _mix64_np(x: np.ndarray) -> np.ndarray:
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _trace_training(chunk: TraceChunk) -> np.ndarray:
+    """Split of trace rows: by session id when the trace has one, else by line (90/10, deterministic)."""
+    training = (_mix64_np(chunk.line) % np.uint64(100)) < np.uint64(SPLIT_TRAINING_PERCENT)
+    if chunk.conversation is not None:
+        for i, c in enumerate(chunk.conversation):
+            if c is not None:
+                training[i] = split_for(c) == "training"
+    return training
+
+
+class _TraceRows:
+    """Turns accepted trace rows (columnar) into pool rows and registers their blocks with the writer."""
 
     def __init__(self, writer: PoolWriter, block_tokens: int):
         self.writer, self.block_tokens = writer, block_tokens
-        self.cols: dict[str, list] = {n: [] for n in self.NAMES}
         self.sample: list[tuple[list[int], int, int]] = []
-        self.n = 0
+        self.chunks = 0
 
-    def add(self, rec: LogRecord, arrival_s: float) -> str:
-        bt, w = self.block_tokens, self.writer
-        ids = rec.hash_ids or []
-        for h in ids:
-            w.add_block(h)
-        n_full = min(len(ids), rec.input_length // bt)
-        seed = (rec.line * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & (2**63 - 1)
-        conv = rec.conversation_id
-        split = split_for(conv or f"line-{rec.line}")
-        c = self.cols
-        c["id"].append(f"line-{rec.line}")
-        c["arrival_s"].append(arrival_s)
-        c["conversation_id"].append(conv)
-        c["api"].append("chat")
-        c["sampling_json"].append("{}")
-        c["prompt_tokens"].append(rec.input_length)
-        c["output_tokens"].append(rec.output_length)
-        c["output_tokens_source"].append("recorded")
-        c["block_hashes"].append(ids)
-        c["split"].append(split)
-        c["synth_tail_tokens"].append(rec.input_length - n_full * bt)
-        c["synth_seed"].append(seed)
-        self.n += 1
-        if len(self.sample) < SYNTH_SAMPLE:
-            self.sample.append((ids, rec.input_length, seed))
-        elif self.n % 97 == 0:
-            self.sample[self.n % SYNTH_SAMPLE] = (ids, rec.input_length, seed)
-        if len(c["id"]) >= TRACE_FLUSH_ROWS:
-            self.flush()
-        return split
-
-    def flush(self) -> None:
-        if self.cols["id"]:
-            self.writer.add_columns(self.cols)
-            self.cols = {n: [] for n in self.NAMES}
+    def add(self, ch: TraceChunk, offsets: np.ndarray, training: np.ndarray) -> None:
+        n, bt = len(ch), self.block_tokens
+        if len(ch.hash_values):
+            self.writer.add_blocks(np.unique(ch.hash_values).tolist())
+        lens = np.diff(ch.hash_offsets)
+        seeds = (_mix64_np(ch.line) & np.uint64(2**63 - 1)).astype(np.int64)
+        tail = ch.n_in - np.minimum(lens, ch.n_in // bt) * bt
+        cols = {
+            "id": pa.array([f"line-{x}" for x in ch.line.tolist()], pa.string()),
+            "arrival_s": pa.array(offsets, pa.float64()),
+            "conversation_id": pa.array(ch.conversation or [None] * n, pa.string()),
+            "api": pa.array(["chat"] * n, pa.string()),
+            "sampling_json": pa.array(["{}"] * n, pa.string()),
+            "prompt_tokens": pa.array(ch.n_in.astype(np.int32)), "output_tokens": pa.array(ch.n_out.astype(np.int32)),
+            "output_tokens_source": pa.array(["recorded"] * n, pa.string()),
+            "block_hashes": pa.ListArray.from_arrays(pa.array(ch.hash_offsets.astype(np.int32)),
+                                                     pa.array(ch.hash_values, pa.int64())),
+            "split": pa.array(np.where(training, "training", "serving").tolist(), pa.string()),
+            "synth_tail_tokens": pa.array(tail.astype(np.int32)), "synth_seed": pa.array(seeds),
+        }
+        table = pa.Table.from_pydict({name: cols.get(name, pa.nulls(n, POOL_SCHEMA.field(name).type))
+                                      for name in POOL_SCHEMA.names}, schema=POOL_SCHEMA)
+        self.writer.add_table(table)
+        self.chunks += 1
+        picks = range(min(n, SYNTH_SAMPLE - len(self.sample))) if len(self.sample) < SYNTH_SAMPLE else [n // 2]
+        for i in picks:
+            row = (ch.hash_values[ch.hash_offsets[i]:ch.hash_offsets[i + 1]].tolist(), int(ch.n_in[i]), int(seeds[i]))
+            if len(self.sample) < SYNTH_SAMPLE:
+                self.sample.append(row)
+            else:
+                self.sample[self.chunks % SYNTH_SAMPLE] = row
 
     def synthesis_check(self) -> dict:
         """Assemble the sampled prompts and count them: each must have exactly the recorded count."""
@@ -166,14 +181,92 @@ class _TraceColumns:
         return check
 
 
+def _chunk_records(ch: TraceChunk) -> list[LogRecord]:
+    o = ch.hash_offsets
+    return [LogRecord(line=int(ch.line[i]), timestamp_s=float(ch.ts[i]), kind="trace", nbytes=int(ch.nbytes[i]),
+                      input_length=int(ch.n_in[i]), output_length=int(ch.n_out[i]),
+                      hash_ids=ch.hash_values[o[i]:o[i + 1]].tolist(),
+                      conversation_id=None if ch.conversation is None else ch.conversation[i])
+            for i in range(len(ch))]
+
+
+class _TraceOrder:
+    """The reorder window's exact semantics for trace rows, with a columnar fast path.
+
+    A chunk that is sorted and starts no earlier than anything seen goes through in one step: the
+    window then behaves as a FIFO, releasing all but the rows within ``window_s`` of the newest (at
+    most ``max_held``), which stay held as a columnar tail. Anything else goes record by record
+    through ``ReorderWindow`` (the held tail is pushed into it first).
+    """
+
+    def __init__(self, window: ReorderWindow, emit: Callable[[TraceChunk], None], reject: Callable[[Rejected], None]):
+        self.w, self.emit, self.reject = window, emit, reject
+        self.tail: TraceChunk | None = None
+        self.pending: list[LogRecord] = []
+
+    def _release_pending(self) -> None:
+        if self.pending:
+            self.emit(TraceChunk.from_records(self.pending))
+            self.pending = []
+
+    def _push(self, rec: LogRecord) -> None:
+        for out in self.w.push(rec.timestamp_s, rec.line, rec.nbytes, rec):
+            if isinstance(out, Rejected):
+                self.reject(out)
+            else:
+                self.pending.append(out)
+
+    def _untail(self) -> None:
+        if self.tail is not None:
+            tail, self.tail = self.tail, None
+            for rec in _chunk_records(tail):
+                self._push(rec)
+
+    def push_chunk(self, ch: TraceChunk) -> None:
+        if not len(ch):
+            return
+        w = self.w
+        if (len(ch) == 1 or bool((np.diff(ch.ts) >= 0).all())) and ch.ts[0] >= w._newest:
+            held = [item for _, _, item in sorted(w._heap, key=lambda e: (e[0], e[1]))]
+            w._heap.clear()
+            self._release_pending()
+            parts = ([TraceChunk.from_records(held)] if held else []) + ([self.tail] if self.tail else []) + [ch]
+            combined = TraceChunk.concat(parts)
+            newest = float(combined.ts[-1])
+            n_held = min(len(combined) - int(np.searchsorted(combined.ts, newest - w.window_s, side="left")), w.max_held)
+            n_out = len(combined) - n_held
+            if n_out:
+                self.emit(combined.take(0, n_out))
+                w._released = max(w._released, float(combined.ts[n_out - 1]))
+            self.tail = combined.take(n_out, len(combined)) if n_held else None
+            w._newest = max(w._newest, newest)
+        else:
+            self._untail()
+            for rec in _chunk_records(ch):
+                self._push(rec)
+            self._release_pending()
+
+    def push_record(self, rec: LogRecord) -> None:
+        self._untail()
+        self._push(rec)
+
+    def finish(self) -> None:
+        self._untail()
+        for out in self.w.drain():
+            self.pending.append(out)
+        self._release_pending()
+
+
 def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str, *, fmt: str = "auto",
                key: bytes | None = None, tokenizer_path: str | None = None,
                thresholds: FidelityThresholds | None = None, max_records: int | None = None,
-               workers: int | None = None, reorder_window_s: float = 60.0, _fail_after: int | None = None) -> BuildResult:
+               workers: int | None = None, reorder_window_s: float = 60.0, bulk: bool = True,
+               _fail_after: int | None = None) -> BuildResult:
     """Build ``out_dir`` (replay_pool.parquet, blocks.parquet for traces, fidelity/summary/quarantine files).
 
-    Raises SpecError (nothing written) when the input is unusable. ``_fail_after`` makes the build
-    raise after that many accepted rows (tests of the atomic write use it).
+    Raises SpecError (nothing written) when the input is unusable. ``bulk=False`` reads traces line
+    by line only (same result, slower). ``_fail_after`` makes the build raise after that many
+    accepted rows (tests of the atomic write use it).
     """
     t0 = time.perf_counter()
     paths = [Path(p) for p in ([logs] if isinstance(logs, (str, Path)) else logs)]
@@ -216,62 +309,78 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
         reasons[r.reason.split(":")[0].split(" (")[0]] += 1
 
     with PoolWriter(out_dir) as writer:
-        trace_cols = _TraceColumns(writer, block_tokens) if kind == "trace" else None
+        trace_rows = _TraceRows(writer, block_tokens) if kind == "trace" else None
 
-        def emit(item: object) -> None:
-            nonlocal accepted, t_first, src_tokens_total, pool_tokens_total
-            if kind == "chat":
-                row, src = item
-                ts = row["arrival_s"]
-                t_first = ts if t_first is None else t_first
-                row["arrival_s"] = offset = round(ts - t_first, 6)
-                latency, n_out, n_pool = row["source_latency_s"], row["output_tokens"], row["prompt_tokens"]
-                source_stats.add(ts, src["prompt_tokens"], n_out, src["hashes"], latency)
-                pool_stats.add(offset, n_pool, n_out, row["block_hashes"], latency)
-                split = row["split"]
-                writer.add_row(row)
-                n_src = src["prompt_tokens"]
-                out_sources[row["output_tokens_source"]] += 1
-            else:
-                rec = item
-                ts = rec.timestamp_s
-                t_first = ts if t_first is None else t_first
-                offset = round(ts - t_first, 6)
-                n_src = n_pool = rec.input_length
-                n_out = rec.output_length
-                source_stats.add(ts, n_src, n_out, rec.hash_ids or ())
-                pool_stats.add(offset, n_pool, n_out)
-                split = trace_cols.add(rec, offset)
-                out_sources["recorded"] += 1
-            if split == "serving":
-                serving.add(offset, n_pool, n_out)
-            src_tokens_total += n_src
-            pool_tokens_total += n_pool
-            splits[split] += 1
-            accepted += 1
+        def count_accepted(n: int) -> None:
+            nonlocal accepted
+            accepted += n
             if _fail_after is not None and accepted >= _fail_after:
                 raise RuntimeError(f"injected failure after {accepted} rows")
 
-        stream = (_chat_results(sources, key, tokenizer_path, workers, max_records, redactions) if kind == "chat"
-                  else _trace_records(sources, max_records))
-        for item in stream:
-            rows_in += 1
-            if isinstance(item, Rejected):
-                reject(item)
-                continue
-            if kind == "chat":
-                ts, line, nbytes = item[0]["arrival_s"], item[1]["line"], item[1]["nbytes"]
-            else:
-                ts, line, nbytes = item.timestamp_s, item.line, item.nbytes
-            for out in window.push(ts, line, nbytes, item):
-                if isinstance(out, Rejected):
-                    reject(out)
-                else:
-                    emit(out)
-        for out in window.drain():
-            emit(out)
-        if trace_cols is not None:
-            trace_cols.flush()
+        def emit_chat(item: tuple[dict, dict]) -> None:
+            nonlocal t_first, src_tokens_total, pool_tokens_total
+            row, src = item
+            ts = row["arrival_s"]
+            t_first = ts if t_first is None else t_first
+            row["arrival_s"] = offset = round(ts - t_first, 6)
+            latency, n_out, n_pool = row["source_latency_s"], row["output_tokens"], row["prompt_tokens"]
+            source_stats.add(ts, src["prompt_tokens"], n_out, src["hashes"], latency)
+            pool_stats.add(offset, n_pool, n_out, row["block_hashes"], latency)
+            if row["split"] == "serving":
+                serving.add(offset, n_pool, n_out)
+            writer.add_row(row)
+            src_tokens_total += src["prompt_tokens"]
+            pool_tokens_total += n_pool
+            out_sources[row["output_tokens_source"]] += 1
+            splits[row["split"]] += 1
+            count_accepted(1)
+
+        def emit_trace(ch: TraceChunk) -> None:
+            nonlocal t_first, src_tokens_total, pool_tokens_total
+            t_first = float(ch.ts[0]) if t_first is None else t_first
+            offsets = np.round(ch.ts - t_first, 6)
+            training = _trace_training(ch)
+            source_stats.add_many(ch.ts, ch.n_in, ch.n_out, ch.hash_values)
+            pool_stats.add_many(offsets, ch.n_in, ch.n_out)  # shares the source's prefix cache (same ids)
+            serve = ~training
+            serving.add_many(offsets[serve], ch.n_in[serve], ch.n_out[serve])
+            trace_rows.add(ch, offsets, training)
+            total = int(ch.n_in.sum())
+            src_tokens_total += total
+            pool_tokens_total += total
+            out_sources["recorded"] += len(ch)
+            splits["training"] += int(training.sum())
+            splits["serving"] += int(serve.sum())
+            count_accepted(len(ch))
+
+        if kind == "chat":
+            for item in _chat_results(sources, key, tokenizer_path, workers, max_records, redactions):
+                rows_in += 1
+                if isinstance(item, Rejected):
+                    reject(item)
+                    continue
+                for out in window.push(item[0]["arrival_s"], item[1]["line"], item[1]["nbytes"], item):
+                    if isinstance(out, Rejected):
+                        reject(out)
+                    else:
+                        emit_chat(out)
+            for out in window.drain():
+                emit_chat(out)
+        else:
+            order = _TraceOrder(window, emit_trace, reject)
+            n_read = [0]
+            for src in sources:
+                for batch in _batches(src, max_records, n_read, TRACE_BATCH_LINES):
+                    rows_in += len(batch)
+                    chunk, rest = src.parse_bulk(batch, block_tokens) if bulk else (None, [src.parse(n, r) for n, r in batch])
+                    if chunk is not None:
+                        order.push_chunk(chunk)
+                    for r in rest:
+                        if isinstance(r, Rejected):
+                            reject(r)
+                        else:
+                            order.push_record(r)
+            order.finish()
 
         if accepted == 0:
             first = rejected[0]["reason"] if rejected else "no records"
@@ -282,7 +391,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
         if kind == "chat":
             extra["redaction.prompt_token_change"] = token_change_check(src_tokens_total, pool_tokens_total, thresholds)
         else:
-            extra["synthesis.token_count_exact"] = trace_cols.synthesis_check()
+            extra["synthesis.token_count_exact"] = trace_rows.synthesis_check()
         if len(source_stats) >= thresholds.min_split_requests:  # the serving split (what replays) vs the source
             extra["serving_split.prompt_tokens.ks"] = ks_check("serving_split.prompt_tokens.ks",
                                                                 source_stats.prompt_tokens, serving.prompt_tokens,

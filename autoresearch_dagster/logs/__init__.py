@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
+from autoresearch_dagster.logs.bulk import TraceChunk, parse_chunk
 from autoresearch_dagster.logs.csv_traces import (AZURE_COLUMNS, BURSTGPT_COLUMNS, CsvHeader, parse_azure_line,
                                                   parse_burstgpt_line)
 from autoresearch_dagster.logs.mooncake import MOONCAKE_BLOCK_TOKENS, parse_mooncake_line
@@ -23,7 +24,7 @@ from autoresearch_dagster.logs.source import (FORMATS, OversizedLine, ReorderWin
 from autoresearch_dagster.spec import SpecError
 
 __all__ = ["FORMATS", "LogRecord", "LogSource", "MOONCAKE_BLOCK_TOKENS", "RecordError", "Rejected",
-           "ReorderWindow", "detect_format", "open_log", "ordered", "parse_line", "read_records"]
+           "ReorderWindow", "TraceChunk", "detect_format", "open_log", "ordered", "parse_line", "read_records"]
 
 _ALIASES = {"openai": "openai", "chat": "openai", "jsonl": "openai", "mooncake": "mooncake", "azure": "azure",
             "burstgpt": "burstgpt"}
@@ -47,6 +48,7 @@ class LogSource:
     kind: str  # "chat" | "trace"
     parser: Callable[[bytes, int], LogRecord]  # picklable (module-level function or partial)
     skip_first: bool  # CSV header
+    header: CsvHeader | None = None
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
         it = iter_lines(self.path)
@@ -56,6 +58,21 @@ class LogSource:
 
     def parse(self, line: int, raw: bytes) -> LogRecord | Rejected:
         return parse_line(self.parser, line, raw)
+
+    def parse_bulk(self, batch: list[tuple[int, bytes]], block_tokens: int = MOONCAKE_BLOCK_TOKENS
+                   ) -> tuple[TraceChunk | None, list[LogRecord | Rejected]]:
+        """Trace formats: (columnar accepted rows or None, per-line results for the rest of the batch)."""
+        res = None
+        if self.kind == "trace" and not any(isinstance(raw, OversizedLine) for _, raw in batch):
+            res = parse_chunk(self.format, batch, header_names=self.header.raw_names if self.header else None,
+                              columns=self.header.columns if self.header else None, block_tokens=block_tokens)
+        if res is None:
+            return None, [self.parse(n, raw) for n, raw in batch]
+        chunk, retry = res
+        rest = [self.parse(n, raw) for n, raw in retry]
+        if any(isinstance(r, LogRecord) for r in rest):  # readers disagree: the per-line reader decides all
+            return None, [self.parse(n, raw) for n, raw in batch]
+        return chunk, rest
 
 
 def open_log(path: str | Path, fmt: str = "auto") -> LogSource:
@@ -78,7 +95,7 @@ def open_log(path: str | Path, fmt: str = "auto") -> LogSource:
     except RecordError as e:
         raise SpecError(f"{p}: not a {detected} CSV: {e}") from None
     fn = parse_azure_line if detected == "azure" else parse_burstgpt_line
-    return LogSource(p, detected, "trace", partial(_csv_call, fn, header), True)
+    return LogSource(p, detected, "trace", partial(_csv_call, fn, header), True, header)
 
 
 def _csv_call(fn, header: CsvHeader, raw: bytes, line: int) -> LogRecord:

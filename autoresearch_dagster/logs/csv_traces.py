@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import csv
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from autoresearch_dagster.logs.records import LogRecord, RecordError, check_timestamp, check_tokens
 
@@ -21,7 +21,8 @@ class CsvHeader:
             text = raw.decode("utf-8").lstrip("\ufeff")
         except UnicodeDecodeError:
             raise RecordError("header is not valid UTF-8") from None
-        names = [c.strip().lower().replace(" ", "") for c in split_csv(text)]
+        self.raw_names = [c.strip() for c in split_csv(text)]
+        names = [c.lower().replace(" ", "") for c in self.raw_names]
         self.pos: dict[str, int] = {}
         for field, col in required.items():
             key = col.lower().replace(" ", "")
@@ -29,6 +30,7 @@ class CsvHeader:
                 raise RecordError(f"header lacks column '{col}'")
             self.pos[field] = names.index(key)
         self.n = len(names)
+        self.columns = {field: self.raw_names[i] for field, i in self.pos.items()}  # field -> name as written
 
 
 def _cells(raw: bytes, header: CsvHeader) -> list[str]:
@@ -53,6 +55,9 @@ def _int(cell: str, name: str, allow_zero: bool) -> int:
     return check_tokens(name, value, allow_zero=allow_zero)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
 AZURE_COLUMNS = {"ts": "TIMESTAMP", "in": "ContextTokens", "out": "GeneratedTokens"}
 BURSTGPT_COLUMNS = {"ts": "Timestamp", "model": "Model", "in": "Request tokens", "out": "Response tokens",
                     "log_type": "Log Type"}
@@ -67,7 +72,8 @@ def parse_azure_line(raw: bytes, line: int, header: CsvHeader) -> LogRecord:
         raise RecordError("column 'TIMESTAMP' is not a date-time") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return LogRecord(line=line, timestamp_s=check_timestamp(dt.timestamp()), kind="trace", nbytes=len(raw),
+    ts = ((dt - _EPOCH) // _US) / 1e6  # integer microseconds, as the bulk reader computes them
+    return LogRecord(line=line, timestamp_s=check_timestamp(ts), kind="trace", nbytes=len(raw),
                      input_length=_int(cells[header.pos["in"]], "ContextTokens", False),
                      output_length=_int(cells[header.pos["out"]], "GeneratedTokens", False))
 
