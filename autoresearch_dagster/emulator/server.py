@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -68,7 +68,6 @@ class _Profile:
     start_step: int
     steps_seen: int = 0
     active: bool = False
-    files: list[str] = field(default_factory=list)
 
 
 class EmulatorServer:
@@ -421,8 +420,7 @@ class EmulatorServer:
             return []
         trace = self.core.stop_profile()
         stem = (f"{p.prefix}-" if p.prefix else "") + p.profile_id
-        p.files = write_profile(trace, p.output_dir, stem, self.tp_size)
-        return p.files
+        return write_profile(trace, p.output_dir, stem, self.tp_size)
 
 
 @dataclass(frozen=True)
