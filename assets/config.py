@@ -9,3 +9,4 @@ class BaselineConfig(dg.Config):
 
     candidate_id: str = "initial"
     server_config_json: str = ""
+    experiment_id: str = ""

@@ -1,7 +1,6 @@
 """Owns the loop assets: confirmed_baseline (root), noise_baseline, diagnostic_report, proposals,
 experiment_results (+ blocking correctness_gate check) and promotion_decision. Thin: each calls the
 core and attaches metadata; files go to the artifact store, rows to the results lake."""
-
 import json
 from typing import Any
 
@@ -11,9 +10,18 @@ from assets.config import PROMOTED_FROM_TAG, BaselineConfig
 from assets.metadata import json_safe, png_markdown
 from assets.partitions import EAGER, endpoints
 from assets.plots import load_curves_png, ratio_png
-from resources import ArtifactStore, EndpointRegistry, EngineFactory, MeasurementSettings, ResultsLakeResource
+from resources import (
+    ArtifactStore,
+    EndpointRegistry,
+    EngineFactory,
+    MeasurementSettings,
+    MemoryStore,
+    ResultsLakeResource,
+)
 
 LOOP = "loop"
+POOL = dg.AssetKey("replay_pool")
+ENGINE = dg.AssetKey("engine_version")
 
 
 def _pool(store: ArtifactStore, name: str) -> Any:
@@ -22,16 +30,24 @@ def _pool(store: ArtifactStore, name: str) -> Any:
     return read_pool(store.dir(name, "replay_pool") / "replay_pool.parquet")
 
 
+def _campaign(spec: Any, pool: Any, lake: Any) -> Any:
+    """The campaign of (endpoint, pool, SLA): reused while they stay the same, recorded when new."""
+    from autoresearch_dagster.harness import start_campaign
+
+    return start_campaign(spec, pool, results=lake)
+
+
 def _baseline(store: ArtifactStore, name: str) -> dict[str, Any]:
     return store.read_json(name, "confirmed_baseline", "baseline.json")
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"})
-def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig,
-                       registry: EndpointRegistry, store: ArtifactStore) -> dg.MaterializeResult:
+def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig, registry: EndpointRegistry,
+                       store: ArtifactStore, lake: ResultsLakeResource) -> dg.MaterializeResult:
     """The working baseline server config of the endpoint. A root asset: seeded from the endpoint
     spec by the discovery sensor and re-materialized with a candidate's config by the promotion
     sensor (the loop's back edge). The spec's own config stays the campaign's original reference."""
+    from autoresearch_dagster.harness import record_promotion
     from autoresearch_dagster.spec import config_hash, validate_server_config
 
     name = context.partition_key
@@ -39,10 +55,14 @@ def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig
     server_config = (validate_server_config(json.loads(config.server_config_json))
                      if config.server_config_json else dict(spec.server_config))
     source_run = context.run.tags.get(PROMOTED_FROM_TAG)
+    if source_run:
+        results = lake.lake()
+        record_promotion(results, _campaign(spec, _pool(store, name), results), server_config,
+                         experiment_id=config.experiment_id or None)
     record = {"endpoint": name, "candidate_id": config.candidate_id, "server_config": server_config,
               "config_hash": config_hash(server_config), "original_config": dict(spec.server_config),
               "original_config_hash": config_hash(spec.server_config), "promoted_from_run": source_run,
-              "run_id": context.run.run_id}
+              "experiment_id": config.experiment_id or None, "run_id": context.run.run_id}
     path = store.write_json(name, "confirmed_baseline", "baseline.json", record)
     store.write_json(name, "confirmed_baseline", f"history/{context.run.run_id}.json", record)
     metadata: dict[str, Any] = {
@@ -52,43 +72,51 @@ def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig
         "is_original": record["config_hash"] == record["original_config_hash"],
         "path": dg.MetadataValue.path(str(path)),
     }
-    if source_run:
+    if source_run and not source_run.startswith("runless-"):
         metadata["promoted_from"] = dg.MetadataValue.dagster_run(source_run)
     return dg.MaterializeResult(data_version=dg.DataVersion(record["config_hash"]), metadata=metadata)
 
 
+def _median_run(runs: list[dict[str, Any]], median: float) -> dict[str, Any] | None:
+    valid = [r for r in runs if r.get("valid") and r.get("capacity_rps") is not None]
+    return min(valid, key=lambda r: abs(r["capacity_rps"] - median)) if valid else None
+
+
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
-          deps=[confirmed_baseline, dg.AssetKey("replay_pool"), dg.AssetKey("engine_version")])
+          deps=[confirmed_baseline, POOL, ENGINE])
 def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
                    settings: MeasurementSettings, store: ArtifactStore,
                    lake: ResultsLakeResource) -> dg.MaterializeResult:
     """The endpoint's noise floor: repeated independent capacity searches of the working baseline
-    on the replay pool (fresh deployment per run) → capacity CV and the bootstrap CI of the median.
-    Re-measured whenever the baseline, the pool or the engine version changes."""
+    on the replay pool (fresh deployment per run) → capacity CV and the bootstrap CI of the median,
+    plus the baseline's load curve. Re-measured when the baseline, the pool or the engine changes."""
     from autoresearch_dagster.harness import measure_noise
 
     name = context.partition_key
     spec = registry.load(name)
     baseline = _baseline(store, name)
-    result = measure_noise(spec, baseline["server_config"], _pool(store, name), engine=engines.make(spec),
-                           runs=settings.noise_runs, settings=settings.capacity(), results=lake.lake(),
-                           seed=settings.seed)
+    pool, results = _pool(store, name), lake.lake()
+    result = measure_noise(spec, baseline["server_config"], pool, engine=engines.make(spec),
+                           runs=settings.noise_runs, results=results, settings=settings.harness(),
+                           campaign=_campaign(spec, pool, results), progress=context.log.info)
     data = json_safe(result.to_dict())
     path = store.write_json(name, "noise_baseline", "noise.json", data)
-    runs = data.get("capacity_runs") or data.get("run_results") or []
+    runs = data["run_details"]
     plot = load_curves_png(runs, spec.sla, store.dir(name, "noise_baseline") / "load_curves.png",
-                           title=f"{name}: baseline load curves ({len(runs)} runs)",
-                           band=(data["ci_low"], data["ci_high"]) if data.get("ci_low") is not None else None)
-    md = (f"**{name}** baseline `{baseline['config_hash']}`: median capacity "
-          f"{data.get('median', float('nan')):.3f} req/s, CV {data.get('capacity_cv', float('nan')):.2%} over "
-          f"{data.get('runs')} runs\n\n" + png_markdown(plot, "load curves"))
+                           title=f"{name}: baseline load curves ({data['runs']} runs)",
+                           band=(data["ci_low"], data["ci_high"]))
+    md = (f"**{name}** baseline `{baseline['config_hash']}`: median capacity {data['median']:.3f} req/s "
+          f"(CI {data['ci_low']:.3f}–{data['ci_high']:.3f}), CV {data['capacity_cv']:.2%} over {data['runs']} "
+          f"runs, engine {data['engine']} {data['engine_version']}\n\n" + png_markdown(plot, "load curves"))
     return dg.MaterializeResult(
-        data_version=dg.DataVersion(f"{baseline['config_hash']}:{data.get('median')}:{data.get('capacity_cv')}"),
+        data_version=dg.DataVersion(data["noise_id"]),
         metadata={
             "capacity_rps": float(data["median"]),
+            "capacity_rps_per_gpu": float(data["median"]) / spec.gpus,
             "capacity_cv": float(data["capacity_cv"]),
             "runs": int(data["runs"]),
-            "capacities": dg.MetadataValue.json(data.get("capacities", [])),
+            "capacities": dg.MetadataValue.json(data["capacities"]),
+            "engine_version": str(data["engine_version"]),
             "report": dg.MetadataValue.md(md),
             "path": dg.MetadataValue.path(str(path)),
             "plot": dg.MetadataValue.path(str(plot)),
@@ -96,32 +124,34 @@ def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json", "markdown"}, automation_condition=EAGER,
-          deps=[confirmed_baseline, noise_baseline, dg.AssetKey("replay_pool"), dg.AssetKey("engine_version")])
+          deps=[confirmed_baseline, noise_baseline, POOL, ENGINE])
 def diagnostic_report(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
-                      store: ArtifactStore) -> dg.MaterializeResult:
-    """Why the endpoint breaks where it does: findings from the workload, the load curve, engine
-    metrics, the GPU profile and probes, each with evidence, and a ranked list of bottleneck
-    hypotheses mapped to research directions and knobs (JSON for the proposers)."""
+                      settings: MeasurementSettings, store: ArtifactStore,
+                      memory: MemoryStore) -> dg.MaterializeResult:
+    """Why the endpoint breaks where it does: findings from the workload, the baseline's load curve,
+    engine metrics, the GPU profile and probes, each with evidence, and a ranked list of bottleneck
+    hypotheses mapped to research directions and knobs (report.json is what the proposers read)."""
     from autoresearch_dagster.diagnose import diagnose
 
     name = context.partition_key
     spec = registry.load(name)
     baseline = _baseline(store, name)
+    noise = store.read_json(name, "noise_baseline", "noise.json")
+    curve = _median_run(noise["run_details"], noise["median"])  # reuse a measured curve, don't search again
     out_dir = store.dir(name, "diagnostic_report")
     report = diagnose(spec, _pool(store, name), engine=engines.make(spec), config=baseline["server_config"],
-                      out_dir=out_dir)
-    data = json_safe(json.loads(report.to_json()) if isinstance(report.to_json(), str) else report.to_json())
+                      out_dir=out_dir, capacity=curve, quick=settings.quick_diagnosis,
+                      memory_path=memory.dir() / "probes.jsonl", seed=settings.seed, progress=context.log.info)
+    data = json_safe(report.to_json())
     json_path = store.write_json(name, "diagnostic_report", "report.json", data)
-    markdown = report.to_markdown()
-    (out_dir / "report.md").write_text(markdown)
-    plots = "\n\n".join(png_markdown(p, p.stem) for p in sorted(out_dir.glob("*.png")))
-    top = [{k: h.get(k) for k in ("bottleneck", "direction", "score", "knobs")}
-           for h in data.get("hypotheses", [])[:3]]
+    (out_dir / "report.md").write_text(report.to_markdown())
+    top = [{k: h.get(k) for k in ("bottleneck", "direction", "score", "knobs")} for h in data["hypotheses"][:3]]
     return dg.MaterializeResult(metadata={
-        "report": dg.MetadataValue.md(markdown + ("\n\n" + plots if plots else "")),
+        "report": dg.MetadataValue.md(report.to_markdown(inline_images=True)),
         "top_hypotheses": dg.MetadataValue.json(top),
-        "n_findings": len(data.get("findings", [])),
-        "top_score": float(top[0]["score"]) if top and top[0].get("score") is not None else 0.0,
+        "top_bottleneck": top[0]["bottleneck"] if top else "",
+        "top_score": float(top[0]["score"]) if top else 0.0,
+        "n_findings": len(data["findings"]),
         "path": dg.MetadataValue.path(str(json_path)),
     })
 
@@ -145,15 +175,14 @@ def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry,
     baseline = _baseline(store, name)
     noise = store.read_json(name, "noise_baseline", "noise.json")
     report = store.read_json(name, "diagnostic_report", "report.json")
-    margin = max(0.02, float(noise.get("capacity_cv") or 0.0))
+    margin = max(0.02, float(noise["capacity_cv"]))
     items = make_proposals(name, report, baseline["server_config"], registry.candidates(name), margin=margin,
                            tested=_tested(store, name, baseline["config_hash"]))
-    payload = [p.model_dump() for p in items]
-    path = store.write_json(name, "proposals", "proposals.json", payload)
-    table = "\n".join(f"| {p.id} | {p.source} | `{json.dumps(p.intervention)}` | {p.prediction.value:.3f} | "
-                      f"{p.falsifier} |" for p in items)
-    md = ("| id | source | intervention | predicted ratio | falsifier |\n|---|---|---|---|---|\n" + table
-          if items else "no untested proposals for this baseline")
+    path = store.write_json(name, "proposals", "proposals.json", [p.model_dump() for p in items])
+    rows = "\n".join(f"| {p.id} | {p.source} | `{json.dumps(p.intervention)}` | {p.prediction.value:.3f} | "
+                     f"{p.explanation} | {p.falsifier} |" for p in items)
+    md = ("| id | source | intervention | predicted ratio | explanation | falsifier |\n"
+          "|---|---|---|---|---|---|\n" + rows) if items else "no untested proposal for this baseline"
     return dg.MaterializeResult(metadata={
         "dagster/row_count": len(items),
         "proposals": dg.MetadataValue.md(md),
@@ -168,53 +197,59 @@ def _append_history(store: ArtifactStore, name: str, rows: list[dict[str, Any]])
     store.write_json(name, "experiment_results", "history.json", history + rows)
 
 
+_SUMMARY_KEYS = ("experiment_id", "candidate_id", "verdict", "confirmed", "reason", "ratio_median", "ci_low",
+                 "ci_high", "margin", "noise_cv", "runs_baseline", "runs_candidate", "capacities_baseline",
+                 "capacities_candidate", "lossy", "correctness", "invalid_reasons", "candidate_config",
+                 "candidate_hash", "baseline_hash", "stages", "prediction", "falsifier")
+
+
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
-          deps=[proposals, confirmed_baseline, noise_baseline, dg.AssetKey("replay_pool")],
+          deps=[proposals, confirmed_baseline, noise_baseline, POOL],
           check_specs=[dg.AssetCheckSpec("correctness_gate", asset="experiment_results", blocking=True,
                                          description="Every lossy candidate kept the model's output "
                                                      "distribution (top-1 agreement, KL, TV vs baseline).")])
 def experiment_results(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
                        settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource):
-    """This round's experiments: baseline vs each proposed candidate, interleaved fresh runs on the
-    replay pool, a verdict (better | same | worse | invalid) with its evidence per candidate; rows
-    go to the results lake. The correctness gate check fails when a lossy candidate failed its gate."""
+    """This round's experiments: baseline vs each proposed candidate (up to the round's budget),
+    interleaved fresh runs on the replay pool, a verdict (better | same | worse | invalid) with its
+    evidence; rows go to the results lake. The correctness gate fails when a lossy candidate did."""
     from autoresearch_dagster.harness import run_experiment
-    from autoresearch_dagster.spec import config_hash
 
     name = context.partition_key
     spec = registry.load(name)
     baseline = _baseline(store, name)
     noise = store.read_json(name, "noise_baseline", "noise.json")
     todo = store.read_json(name, "proposals", "proposals.json")[: settings.experiments_per_round]
-    pool = _pool(store, name)
+    pool, results = _pool(store, name), lake.lake()
+    campaign = _campaign(spec, pool, results)
     verdicts = []
     for proposal in todo:
         context.log.info(f"experiment {proposal['id']}: {proposal['intervention']}")
         result = run_experiment(spec, baseline["server_config"], proposal["candidate_config"], pool,
-                                engine=engines.make(spec), results=lake.lake(),
-                                noise_cv=float(noise["capacity_cv"]), settings=settings.capacity(),
-                                initial_runs=settings.initial_runs_per_arm, max_runs=settings.max_runs_per_arm,
-                                seed=settings.seed)
-        verdicts.append({**json_safe(result.to_dict()), "candidate_id": proposal["id"],
-                         "candidate_config": proposal["candidate_config"],
-                         "prediction": proposal["prediction"], "falsifier": proposal["falsifier"]})
+                                engine=engines.make(spec), results=results, settings=settings.harness(),
+                                budget=settings.budget(), noise_cv=float(noise["capacity_cv"]),
+                                campaign=campaign, progress=context.log.info)
+        full = {**json_safe(result.to_dict()), "candidate_id": proposal["id"],
+                "prediction": proposal["prediction"], "falsifier": proposal["falsifier"]}
+        store.write_json(name, "experiment_results", f"experiments/{result.experiment_id}.json", full)
+        verdicts.append({k: full.get(k) for k in _SUMMARY_KEYS})
     path = store.write_json(name, "experiment_results", "verdicts.json", verdicts)
-    _append_history(store, name, [{"candidate_hash": config_hash(v["candidate_config"]),
-                                   "baseline_hash": baseline["config_hash"], "candidate_id": v["candidate_id"],
-                                   "verdict": v.get("verdict"), "run_id": context.run.run_id} for v in verdicts])
+    _append_history(store, name, [{"candidate_hash": v["candidate_hash"], "baseline_hash": baseline["config_hash"],
+                                   "candidate_id": v["candidate_id"], "experiment_id": v["experiment_id"],
+                                   "verdict": v["verdict"], "run_id": context.run.run_id} for v in verdicts])
     metadata: dict[str, Any] = {
         "dagster/row_count": len(verdicts),
-        "verdicts": dg.MetadataValue.json(verdicts),
+        "verdicts": dg.MetadataValue.json([{k: v[k] for k in _SUMMARY_KEYS if k != "stages"} for v in verdicts]),
         "path": dg.MetadataValue.path(str(path)),
     }
     if verdicts:
         plot = ratio_png(verdicts, store.dir(name, "experiment_results") / "ratios.png",
                          title=f"{name}: candidate vs baseline capacity")
-        metadata["ratio"] = float(verdicts[0].get("ratio_median") or 0.0)
+        metadata["ratio"] = float(verdicts[0]["ratio_median"] or 0.0)
         metadata["plot"] = dg.MetadataValue.md(png_markdown(plot, "capacity ratios"))
     yield dg.MaterializeResult(metadata=metadata)
 
-    gated = [v for v in verdicts if v.get("correctness") is not None]
+    gated = [v for v in verdicts if v["correctness"] is not None]
     failed = [v["candidate_id"] for v in gated if not v["correctness"].get("passed")]
     yield dg.AssetCheckResult(
         check_name="correctness_gate", passed=not failed, severity=dg.AssetCheckSeverity.ERROR,
@@ -240,6 +275,7 @@ def promotion_decision(context: dg.AssetExecutionContext, store: ArtifactStore) 
     return dg.MaterializeResult(metadata={
         "promote": decision.promote,
         "candidate_id": decision.candidate_id or "",
+        "experiment_id": str(decision.evidence.get("experiment_id") or ""),
         "server_config_json": json.dumps(decision.server_config or {}, sort_keys=True),
         "ratio": float(decision.ratio_median) if decision.ratio_median is not None else 0.0,
         "reason": decision.reason,

@@ -31,7 +31,8 @@ def load_curves_png(runs: list[dict[str, Any]], sla: SLA, out: Path, *, title: s
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for t_i, term in enumerate(sla.terms):
         for r_i, run in enumerate(runs):
-            steps = sorted(run.get("steps", []), key=lambda s: s.get("rate_rps", 0.0))
+            steps = sorted((s for s in run.get("steps", []) if s.get("kind", "capacity") != "warmup"),
+                           key=lambda s: s.get("rate_rps", 0.0))
             pts = [(s["rate_rps"], v / term.max_ms) for s in steps
                    if (v := _quantile(s, term.metric, term.quantile)) is not None]
             if pts:

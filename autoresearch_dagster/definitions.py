@@ -31,12 +31,14 @@ from resources import (  # noqa: E402
     EndpointRegistry,
     EngineFactory,
     MeasurementSettings,
+    MemoryStore,
     PoolSettings,
     ResultsLakeResource,
 )
 from sensors import endpoint_discovery_sensor, loop_automation, new_logs_sensor, promotion_sensor  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+OBSERVE_ENGINE_JOB = "observe_engine_version"
 ASSETS = [engine_version, replay_pool, confirmed_baseline, noise_baseline, diagnostic_report, proposals,
           experiment_results, promotion_decision]
 
@@ -61,6 +63,8 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
     return dg.Definitions(
         assets=ASSETS,
         asset_checks=[replay_fidelity],
+        # the automation sensor observes engine_version on its cron; this job does it on demand
+        jobs=[dg.define_asset_job(OBSERVE_ENGINE_JOB, selection=dg.AssetSelection.assets("engine_version"))],
         sensors=[endpoint_discovery_sensor, promotion_sensor, new_logs_sensor, loop_automation],
         resources={
             "registry": EndpointRegistry(
@@ -71,6 +75,7 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
             "pool_settings": pool_settings,
             "store": ArtifactStore(out_dir=out),
             "lake": ResultsLakeResource(root=str(Path(out) / "lake")),
+            "memory": MemoryStore(path=str(Path(out) / "memory")),
         },
     )
 
@@ -127,3 +132,8 @@ def execute(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, 
         assets = None
     return job.execute_in_process(instance=instance, partition_key=partition, asset_selection=assets,
                                   run_config=run_config, tags=tags, raise_on_error=raise_on_error)
+
+
+def observe_engine_version(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+    """One observation run of the engine_version source asset."""
+    return defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=instance)

@@ -36,13 +36,16 @@ class MeasurementSettings(dg.ConfigurableResource):
     initial_runs_per_arm: int = 5
     max_runs_per_arm: int = 20
     experiments_per_round: int = 1
+    quick_diagnosis: bool = False
     seed: int = 0
 
     @classmethod
     def quick(cls) -> "MeasurementSettings":
-        return cls(step_duration_s=20.0, min_completed=40, warmup_s=3.0, resolution=0.1,
-                   max_steps=10, noise_runs=5, initial_runs_per_arm=5, max_runs_per_arm=5,
-                   experiments_per_round=1)
+        """The demo profile: the same load steps as the standard one (shorter steps make p99 judge
+        on too few requests and the capacity search wanders), the statistical minimum of 5 runs per
+        arm without escalating to 10/20, one experiment per round and the quick diagnosis."""
+        return cls(noise_runs=5, initial_runs_per_arm=5, max_runs_per_arm=5, experiments_per_round=1,
+                   quick_diagnosis=True)
 
     def capacity(self) -> Any:
         from autoresearch_dagster.measure import CapacitySettings
@@ -50,3 +53,13 @@ class MeasurementSettings(dg.ConfigurableResource):
         return CapacitySettings(step_duration_s=self.step_duration_s, min_completed=self.min_completed,
                                 start_rps=self.start_rps, growth=self.growth, resolution=self.resolution,
                                 warmup_s=self.warmup_s, max_steps=self.max_steps)
+
+    def harness(self) -> Any:
+        from autoresearch_dagster.harness import HarnessSettings
+
+        return HarnessSettings(capacity=self.capacity(), seed=self.seed)
+
+    def budget(self) -> Any:
+        from autoresearch_dagster.spec import Budget
+
+        return Budget(initial_runs_per_arm=self.initial_runs_per_arm, max_runs_per_arm=self.max_runs_per_arm)

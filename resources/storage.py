@@ -34,7 +34,7 @@ class ArtifactStore(dg.ConfigurableResource):
         """Atomic JSON write (temp file in the same dir, then os.replace)."""
         path = self.dir(endpoint, asset) / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f, indent=2, sort_keys=True, default=str)
         os.replace(tmp, path)

@@ -40,7 +40,8 @@ def promotion_sensor(context: dg.SensorEvaluationContext):
             partition_key=mat.partition,
             asset_selection=[BASELINE],
             run_config=dg.RunConfig(ops={"confirmed_baseline": BaselineConfig(
-                candidate_id=candidate, server_config_json=md["server_config_json"].value)}),
+                candidate_id=candidate, server_config_json=md["server_config_json"].value,
+                experiment_id=md["experiment_id"].value if "experiment_id" in md else "")}),
             tags={PROMOTED_FROM_TAG: source, "autoresearch/endpoint": mat.partition}))
     cursor = str(res.records[-1].storage_id) if res.records else context.cursor
     return dg.SensorResult(run_requests=requests, cursor=cursor)
