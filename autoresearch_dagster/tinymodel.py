@@ -503,8 +503,8 @@ class TinyServer:
         if want_lp:
             content = []
             for tok, row in zip(new, rows):
-                content.append({"token": chr(tok), "logprob": float(row[tok]), "bytes": list(chr(tok).encode()),
-                                "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
+                content.append({"token": chr(tok), "logprob": float(row[tok]), "bytes": [tok],
+                                "top_logprobs": [{"token": t, "logprob": v, "bytes": [ord(t)]}
                                                  for t, v in _top(row, k).items()] if k else []})
         usage = {"prompt_tokens": len(ids), "completion_tokens": len(new), "total_tokens": len(ids) + len(new)}
         rid = "chatcmpl-" + uuid.uuid4().hex[:16]

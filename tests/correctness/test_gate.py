@@ -150,3 +150,21 @@ def test_prompt_set_is_fixed_and_versioned():
     assert {p.bucket for p in a.prompts} == {"prose", "multilingual", "code", "json", "chat", "long"}
     with pytest.raises(ValueError, match="unknown prompt set version"):
         prompt_set(2, version="v0")
+
+
+def test_tiny_server_chat_logprobs_and_token_id_prompts(reference):
+    import requests
+
+    chat = requests.post(reference.base_url + "/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+        "logprobs": True, "top_logprobs": 2}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3 and all(len(c["top_logprobs"]) == 2 for c in content)
+    assert content[0]["logprob"] == max(t["logprob"] for t in content[0]["top_logprobs"])  # greedy took the top
+    ids = requests.post(reference.base_url + "/v1/completions", timeout=30, json={
+        "prompt": [104, 105, 33], "max_tokens": 0, "echo": True, "logprobs": 1}).json()
+    assert ids["choices"][0]["text"] == "hi!" and ids["usage"]["prompt_tokens"] == 3
+    lp = ids["choices"][0]["logprobs"]
+    assert lp["token_logprobs"][0] is None and all(x < 0 for x in lp["token_logprobs"][1:])
+    bad = requests.post(reference.base_url + "/v1/completions", timeout=30, json={"prompt": [1, 999]})
+    assert bad.status_code == 400 and "token ids must be in" in bad.json()["message"]
