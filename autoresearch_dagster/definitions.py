@@ -6,7 +6,9 @@ instance at DAGSTER_HOME, so the UI later shows every run and the lineage.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from resources import (  # noqa: E402
     ResultsLakeResource,
 )
 from sensors import endpoint_discovery_sensor, loop_automation, new_logs_sensor, promotion_sensor  # noqa: E402
+from sensors.discovery import FIRST_RUN_ASSETS  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 OBSERVE_ENGINE_JOB = "observe_engine_version"
@@ -137,3 +140,178 @@ def execute(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, 
 def observe_engine_version(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     """One observation run of the engine_version source asset."""
     return defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=instance)
+
+
+# ---------------------------------------------------------------- the main job
+
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+ROUND_ASSETS = ["noise_baseline", "diagnostic_report", "proposals", "experiment_results", "promotion_decision"]
+MAIN_TAG = "autoresearch/main_job"
+
+
+def _merge_config(run_config: dict | None) -> dict:
+    return {**QUIET, **(run_config or {})}
+
+
+def _latest_storage_id(instance: dg.DagsterInstance, key: str) -> int | None:
+    recs = instance.fetch_materializations(dg.AssetKey(key), limit=1, ascending=False).records
+    return recs[0].storage_id if recs else None
+
+
+def _metadata(instance: dg.DagsterInstance, key: str, partition: str) -> dict:
+    recs = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[partition]), limit=1).records
+    return {k: v.value for k, v in recs[0].asset_materialization.metadata.items()} if recs else {}
+
+
+def _run_checked(say, what: str, result: dg.ExecuteInProcessResult) -> dg.ExecuteInProcessResult:
+    status = "ok" if result.success else "FAILED"
+    say(f"  run {result.run_id[:8]} {what}: {status}")
+    if not result.success:
+        failures = [e.message for e in result.all_events if e.is_failure]
+        raise RuntimeError(f"Dagster run {result.run_id} ({what}) failed: {failures[:1]}")
+    return result
+
+
+def _requested_by_tick(result: dg.EvaluateAutomationConditionsResult) -> dict[str | None, set[dg.AssetKey]]:
+    by_partition: dict[str | None, set[dg.AssetKey]] = {}
+    for r in result.results:
+        if isinstance(r.key, dg.AssetKey) and r.true_subset.size > 0:
+            for p in result.get_requested_partitions(r.key):
+                by_partition.setdefault(p, set()).add(r.key)
+    return by_partition
+
+
+def _round_summary(instance: dg.DagsterInstance, name: str, label: str) -> dict:
+    noise = _metadata(instance, "noise_baseline", name)
+    exp = _metadata(instance, "experiment_results", name)
+    dec = _metadata(instance, "promotion_decision", name)
+    base = _metadata(instance, "confirmed_baseline", name)
+    verdicts = exp.get("verdicts") or []
+    v = verdicts[0] if verdicts else {}
+    return {"round": label, "baseline": f"{base.get('candidate_id')} ({base.get('config_hash')})",
+            "capacity_rps": noise.get("capacity_rps"), "noise_cv": noise.get("capacity_cv"),
+            "candidate": v.get("candidate_id", "-"), "verdict": v.get("verdict", "-"),
+            "ratio": v.get("ratio_median"), "ci": (v.get("ci_low"), v.get("ci_high")),
+            "promote": dec.get("promote"), "reason": dec.get("reason", "")}
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return format(x, spec) if isinstance(x, (int, float)) else "-"
+
+
+def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None,
+                 candidates_dir: str | Path | None = None, settings: MeasurementSettings | None = None,
+                 home: str | Path | None = None, storage: str | None = None, say=print) -> dict:
+    """The demo loop through real Dagster runs on a persistent instance (what `dagster dev` shows):
+    discovery → pool + fidelity + baseline → engine observation → one round (noise floor,
+    diagnosis, proposals, experiment, decision) → promotion via the promotion sensor's run request
+    → the lineage rerun the automation sensor requests, tick by tick. Returns the summary rows."""
+    from autoresearch_dagster.results import ResultsLake
+    from autoresearch_dagster.spec import load_endpoint
+
+    spec = load_endpoint(endpoint_path)
+    name = spec.name
+    spec_dir = Path(endpoint_path).resolve().parent
+    out = Path(out_dir or PROJECT_ROOT / "out").resolve()
+    if candidates_dir is None:
+        beside = spec_dir.parent / "candidates"
+        candidates_dir = beside if beside.is_dir() else PROJECT_ROOT / "examples" / "candidates"
+    settings = settings or MeasurementSettings.quick()
+    inst = instance(home, storage)
+    defs = build_defs(out_dir=str(out), spec_dir=str(spec_dir), candidates_dir=str(candidates_dir),
+                      settings=settings)
+    registry = defs.resources["registry"]
+    say(f"instance: {inst.root_directory} ({type(inst.run_storage).__name__}); artifacts: {out}")
+
+    # A demo run starts the campaign from the spec's config: the previous run's working files move aside
+    # (the results lake keeps every row).
+    work = out / name
+    if work.exists():
+        previous = out / f"{name}.previous"
+        if previous.exists():
+            shutil.rmtree(previous)
+        work.rename(previous)
+
+    say("1. endpoint discovery sensor")
+    tick = endpoint_discovery_sensor(dg.build_sensor_context(instance=inst, resources={"registry": registry}))
+    if isinstance(tick, dg.SensorResult) and tick.dynamic_partitions_requests:
+        for req in tick.dynamic_partitions_requests:
+            inst.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        say(f"  added endpoint partitions: {[k for r in tick.dynamic_partitions_requests for k in r.partition_keys]}")
+        requests = tick.run_requests
+    else:
+        say(f"  {name!r} already known: re-seeding its pool and baseline from the spec")
+        requests = [dg.RunRequest(partition_key=name, asset_selection=FIRST_RUN_ASSETS,
+                                  tags={"autoresearch/endpoint": name, MAIN_TAG: "reseed"})]
+    for req in requests:
+        _run_checked(say, f"{req.partition_key}: replay_pool + replay_fidelity + confirmed_baseline",
+                     execute(defs, inst, req.partition_key, list(req.asset_selection), tags=dict(req.tags),
+                             run_config=QUIET))
+
+    say("2. engine_version observation")
+    _run_checked(say, "observe engine_version",
+                 defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=inst, run_config=QUIET))
+
+    decisions_before = _latest_storage_id(inst, "promotion_decision")
+    say("3. round 1: noise_baseline → diagnostic_report → proposals → experiment_results → promotion_decision")
+    _run_checked(say, "round 1", execute(defs, inst, name, [dg.AssetKey(k) for k in ROUND_ASSETS],
+                                         tags={MAIN_TAG: "round-1"}, run_config=QUIET))
+    rounds = [_round_summary(inst, name, "1")]
+    report = json.loads((out / name / "diagnostic_report" / "report.json").read_text())
+    say("  top hypotheses: " + "; ".join(f"{h['bottleneck']} ({h['score']:.2f}, try {', '.join(h['knobs'][:3])})"
+                                         for h in report["hypotheses"][:3]))
+    auto = dg.evaluate_automation_conditions(defs=defs, instance=inst)  # the automation sensor's first tick
+
+    say("4. promotion sensor")
+    tick = promotion_sensor(dg.build_sensor_context(
+        instance=inst, cursor=str(decisions_before) if decisions_before is not None else None))
+    mine = [r for r in tick.run_requests if r.partition_key == name]
+    if not mine:
+        say(f"  no promotion: {rounds[0]['reason']}")
+    for req in mine:
+        cfg = req.run_config["ops"]["confirmed_baseline"]["config"]
+        _run_checked(say, f"promote {cfg['candidate_id']} (run_key {req.run_key})",
+                     execute(defs, inst, name, list(req.asset_selection), run_config=_merge_config(req.run_config),
+                             tags={**req.tags, "dagster/sensor_name": "promotion_sensor",
+                                   "dagster/run_key": req.run_key}))
+
+        say("5. lineage rerun: automation sensor ticks (evaluate_automation_conditions)")
+        for n in range(1, 6):
+            auto = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=auto.cursor)
+            wanted = _requested_by_tick(auto)
+            if not wanted:
+                say(f"  tick {n}: nothing requested")
+                break
+            for partition, keys in wanted.items():
+                names = sorted(k.to_user_string() for k in keys)
+                say(f"  tick {n}: requested {names} for {partition or 'all endpoints'}")
+                if dg.AssetKey("engine_version") in keys:
+                    _run_checked(say, "observe engine_version", defs.resolve_job_def(OBSERVE_ENGINE_JOB)
+                                 .execute_in_process(instance=inst, run_config=QUIET))
+                    keys = keys - {dg.AssetKey("engine_version")}
+                if keys and partition is not None:
+                    _run_checked(say, f"automation tick {n}", execute(
+                        defs, inst, partition, sorted(keys, key=lambda k: ROUND_ASSETS.index(k.path[-1])
+                                                      if k.path[-1] in ROUND_ASSETS else -1),
+                        tags={MAIN_TAG: f"automation-tick-{n}"}, run_config=QUIET))
+        rounds.append(_round_summary(inst, name, "2 (after promotion)"))
+
+    lake = ResultsLake(out / "lake")
+    lake.refresh_views()
+    say("")
+    say(f"{'round':<20} {'baseline':<28} {'capacity rps':>12} {'noise CV':>9} {'candidate':<22} "
+        f"{'verdict':<8} {'ratio [CI]':<22} promote")
+    for r in rounds:
+        ci = f"{_fmt(r['ratio'], '.3f')} [{_fmt(r['ci'][0], '.3f')}, {_fmt(r['ci'][1], '.3f')}]"
+        say(f"{r['round']:<20} {r['baseline']:<28} {_fmt(r['capacity_rps'], '12.2f')} "
+            f"{_fmt(r['noise_cv'], '9.2%')} {r['candidate']:<22} {r['verdict']:<8} {ci:<22} {r['promote']}")
+    say("")
+    say("where to look:")
+    say(f"  DuckDB views:   duckdb {lake.duckdb_path()}   (or: autoresearch sql \"SELECT * FROM verdict_history\")")
+    say(f"  plots:          {out / name / 'noise_baseline' / 'load_curves.png'}, "
+        f"{out / name / 'experiment_results' / 'ratios.png'}, {out / name / 'diagnostic_report'}/*.png")
+    say(f"  diagnosis:      {out / name / 'diagnostic_report' / 'report.md'}")
+    say(f"  Dagster UI:     DAGSTER_HOME={inst.root_directory} dagster dev -w workspace.yaml")
+    return {"rounds": rounds, "duckdb": str(lake.duckdb_path()), "dagster_home": inst.root_directory,
+            "out": str(out)}

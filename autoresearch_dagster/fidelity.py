@@ -53,12 +53,12 @@ class PrefixCache:
             else:
                 seen.add(h)
 
-    def add_flat(self, hashes: np.ndarray) -> None:
-        """The hashes of many requests at once; same counts as ``add`` per request in order."""
+    def add_flat(self, hashes: np.ndarray, unique: np.ndarray | None = None) -> None:
+        """The hashes of many requests at once (``unique``: np.unique of them, if already known)."""
         if not len(hashes):
             return
         seen = self._seen
-        new = [h for h in np.unique(hashes).tolist() if h not in seen]
+        new = [h for h in (np.unique(hashes) if unique is None else unique).tolist() if h not in seen]
         self.total += len(hashes)
         self.hits += len(hashes) - len(new)  # each id's first occurrence misses unless seen before
         seen.update(new)
@@ -86,13 +86,13 @@ class WorkloadStats:
         self.cache.add(hashes)
 
     def add_many(self, arrivals: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 hashes: np.ndarray | None = None) -> None:
+                 hashes: np.ndarray | None = None, unique: np.ndarray | None = None) -> None:
         self.arrivals.frombytes(np.ascontiguousarray(arrivals, np.float64).tobytes())
         self.prompt_tokens.frombytes(np.ascontiguousarray(prompt_tokens, np.int64).tobytes())
         self.output_tokens.frombytes(np.ascontiguousarray(output_tokens, np.int64).tobytes())
         self.latencies.frombytes(np.full(len(arrivals), np.nan).tobytes())
         if hashes is not None:
-            self.cache.add_flat(hashes)
+            self.cache.add_flat(hashes, unique)
 
     def __len__(self) -> int:
         return len(self.arrivals)

@@ -15,7 +15,7 @@ import math
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
@@ -526,13 +526,21 @@ def correctness_check(endpoint: EndpointSpec, baseline: dict[str, Any], candidat
     return out if isinstance(out, dict) else {"passed": bool(getattr(res, "passed", False)), "result": str(res)}
 
 
+class RunSource(Protocol):
+    """Where an experiment's runs come from when they are not measured on the spot."""
+
+    def __call__(self, arm: str, config: dict[str, Any], *, purpose: str, mode: str, run_index: int,
+                 seed: int) -> "RunRecord": ...
+
+
 class _Experiment:
     """Mutable state of one running experiment: the run counter, seeds, lake writes."""
 
     def __init__(self, endpoint: EndpointSpec, pool: Any, engine: Engine, results: Any, settings: HarnessSettings,
-                 res: ExperimentResult, deadline: float | None, progress: Progress):
+                 res: ExperimentResult, deadline: float | None, progress: Progress, run_source: "RunSource | None"):
         self.endpoint, self.pool, self.engine, self.results = endpoint, pool, engine, results
         self.settings, self.res, self.deadline, self.progress = settings, res, deadline, progress
+        self.run_source = run_source
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -541,8 +549,11 @@ class _Experiment:
         index = len(self.res.runs)
         seed = self.settings.seed * 1_000_003 + index + 1
         config = self.res.baseline_config if arm == "baseline" else self.res.candidate_config
-        rec = execute_run(self.endpoint, config, self.pool, engine=self.engine, arm=arm, run_index=index, seed=seed,
-                          purpose=purpose, settings=self.settings, mode=mode)
+        if self.run_source is not None:
+            rec = self.run_source(arm, config, purpose=purpose, mode=mode, run_index=index, seed=seed)
+        else:
+            rec = execute_run(self.endpoint, config, self.pool, engine=self.engine, arm=arm, run_index=index,
+                              seed=seed, purpose=purpose, settings=self.settings, mode=mode)
         self.res.runs.append(rec)
         _record_run(self.results, self.endpoint.name, rec, experiment_id=self.res.experiment_id,
                     campaign_id=self.res.campaign_id, gpus=self.endpoint.gpus)
@@ -616,7 +627,7 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
                    pool: Any, *, engine: Engine, results: Any = None, settings: HarnessSettings | None = None,
                    budget: Budget | None = None, noise_cv: float | None = None, campaign: Campaign | None = None,
                    experiment_id: str | None = None, kind: str = "single", parent_id: str | None = None,
-                   progress: Progress = None) -> ExperimentResult:
+                   progress: Progress = None, run_source: "RunSource | None" = None) -> ExperimentResult:
     """Baseline vs candidate on the campaign's pool and SLA, to a verdict with its evidence.
 
     Lossy candidates pass the correctness gate first. Runs interleave ABAB with fresh deployments;
@@ -624,6 +635,8 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
     undecided verdict at the cap or when the wall-time budget ends becomes "same" with the reason.
     A "better" is confirmed on fresh runs (plus the production-shape replay in mode "both").
     ``noise_cv`` comes from ``measure_noise``; without it the baseline runs here estimate it.
+    ``run_source`` replaces fresh deployments with runs measured earlier by ``execute_run`` (the
+    statistical benchmark draws from banks of emulator runs); None measures every run now.
     """
     settings = settings or HarnessSettings()
     mode = settings.mode or endpoint.workload.mode
@@ -642,7 +655,7 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
     if results is not None:
         record_config(results, endpoint.name, candidate_config, source=f"candidate:{res.experiment_id}",
                       baseline=baseline_config)
-    ex = _Experiment(endpoint, pool, engine, results, settings, res, deadline, progress)
+    ex = _Experiment(endpoint, pool, engine, results, settings, res, deadline, progress, run_source)
     if progress:
         progress(f"experiment {res.experiment_id}: {res.baseline_hash} vs {res.candidate_hash} "
                  f"(mode {mode}, lossy={res.lossy}, stages {schedule})")

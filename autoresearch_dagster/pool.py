@@ -175,12 +175,19 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def block_phrase_ids(hash_ids: np.ndarray, block_tokens: int) -> np.ndarray:
-    """Phrase ids (n, ceil(block_tokens / 8)) of blocks: an independent hash stream per block id."""
+    """Phrase ids (n, ceil(block_tokens / 8)) of blocks: an independent hash stream per block id.
+
+    Each 64-bit hash gives seven 9-bit phrase ids.
+    """
     k = -(-block_tokens // PHRASE_WORDS)
+    n_words = -(-k // 7)
     with np.errstate(over="ignore"):
         base = _mix(np.asarray(hash_ids, dtype=np.int64).astype(np.uint64))
-        j = (np.arange(k, dtype=np.uint64) + np.uint64(1)) * np.uint64(0xD1B54A32D192ED03)
-        return (_mix(base[:, None] ^ j[None, :]) % np.uint64(len(PHRASES))).astype(np.uint16)
+        j = (np.arange(n_words, dtype=np.uint64) + np.uint64(1)) * np.uint64(0xD1B54A32D192ED03)
+        words = _mix(base[:, None] ^ j[None, :])
+        shifts = np.arange(7, dtype=np.uint64) * np.uint64(9)
+        ids = (words[:, :, None] >> shifts[None, None, :]) & np.uint64(len(PHRASES) - 1)
+        return ids.reshape(len(base), n_words * 7)[:, :k].astype(np.uint16)
 
 
 def phrases_to_text(ids, block_tokens: int, phrases=PHRASES) -> str:
@@ -248,8 +255,15 @@ class _ContentHash:
             elif (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)) and col.null_count == 0:
                 self._h(name).update(col.to_numpy().astype(np.float64 if pa.types.is_floating(col.type)
                                                             else np.int64).tobytes())
-            else:  # strings and nullable numbers: separator after every value keeps batches concatenable
-                self._h(name).update("".join(f"{v}\x1f" for v in col.to_pylist()).encode())
+            elif pa.types.is_string(col.type):  # lengths (-1 for null) + the concatenated bytes
+                self._h(name + ":len").update(pc.binary_length(col).fill_null(-1).to_numpy().astype(np.int64).tobytes())
+                offs = np.frombuffer(col.buffers()[1], dtype=np.int32, count=len(col) + 1, offset=col.offset * 4)
+                data = col.buffers()[2]
+                if data is not None and offs[-1] > offs[0]:
+                    self._h(name).update(memoryview(data)[int(offs[0]):int(offs[-1])])
+            else:  # nullable numbers
+                self._h(name + ":null").update(col.is_null().to_numpy(zero_copy_only=False).tobytes())
+                self._h(name).update(col.fill_null(0).to_numpy().astype(np.float64).tobytes())
 
     def digest(self, extra: bytes = b"") -> str:
         h = hashlib.sha256()

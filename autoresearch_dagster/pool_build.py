@@ -48,16 +48,12 @@ class BuildResult:
 
 def _batches(src: LogSource, max_records: int | None, n_read: list[int], size: int = 256
              ) -> Iterator[list[tuple[int, bytes]]]:
-    batch: list[tuple[int, bytes]] = []
-    for line, raw in src.lines():
-        if max_records is not None and n_read[0] >= max_records:
-            break
-        n_read[0] += 1
-        batch.append((line, raw))
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
+    for batch in src.line_batches(size):
+        if max_records is not None:
+            if n_read[0] >= max_records:
+                return
+            batch = batch[:max_records - n_read[0]]
+        n_read[0] += len(batch)
         yield batch
 
 
@@ -135,10 +131,9 @@ class _TraceRows:
         self.sample: list[tuple[list[int], int, int]] = []
         self.chunks = 0
 
-    def add(self, ch: TraceChunk, offsets: np.ndarray, training: np.ndarray) -> None:
+    def add(self, ch: TraceChunk, offsets: np.ndarray, training: np.ndarray, unique: np.ndarray) -> None:
         n, bt = len(ch), self.block_tokens
-        if len(ch.hash_values):
-            self.writer.add_blocks(np.unique(ch.hash_values).tolist())
+        self.writer.add_blocks(unique.tolist())
         lens = np.diff(ch.hash_offsets)
         seeds = (_mix64_np(ch.line) & np.uint64(2**63 - 1)).astype(np.int64)
         tail = ch.n_in - np.minimum(lens, ch.n_in // bt) * bt
@@ -340,11 +335,12 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             t_first = float(ch.ts[0]) if t_first is None else t_first
             offsets = np.round(ch.ts - t_first, 6)
             training = _trace_training(ch)
-            source_stats.add_many(ch.ts, ch.n_in, ch.n_out, ch.hash_values)
+            unique = np.unique(ch.hash_values)
+            source_stats.add_many(ch.ts, ch.n_in, ch.n_out, ch.hash_values, unique)
             pool_stats.add_many(offsets, ch.n_in, ch.n_out)  # shares the source's prefix cache (same ids)
             serve = ~training
             serving.add_many(offsets[serve], ch.n_in[serve], ch.n_out[serve])
-            trace_rows.add(ch, offsets, training)
+            trace_rows.add(ch, offsets, training, unique)
             total = int(ch.n_in.sum())
             src_tokens_total += total
             pool_tokens_total += total

@@ -34,6 +34,8 @@ def register(subparsers: Any) -> None:
         sp.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds (default 120)")
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--api-key-env", help="environment variable holding a Bearer API key")
+        sp.add_argument("--max-send-lag-ms", type=float, default=10.0,
+                        help="p99 client send lag above which a step is invalid (default 10)")
         sp.add_argument("--no-flush", action="store_true", help="do not flush the prefix cache before each step")
 
     cap = sub.add_parser("capacity", help="highest sustained arrival rate meeting the SLA (grow + bisect)")
@@ -76,11 +78,12 @@ def _target(args: argparse.Namespace):
     if args.workers < 1:
         raise SpecError(f"--workers must be >= 1, got {args.workers}")
     if engine == "external":
-        from autoresearch_dagster.loadgen.http_runner import HttpDeployment
+        from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
         url = args.url or (spec.url if spec else None)
         if not url:
             raise SpecError("--url is required for an external endpoint (or give --engine emulator --endpoint FILE)")
-        dep = HttpDeployment(url, model=args.model, api_key_env=args.api_key_env, workers=args.workers)
+        settings = RunnerSettings(workers=args.workers, max_send_lag_p99_s=args.max_send_lag_ms / 1e3)
+        dep = HttpDeployment(url, model=args.model, api_key_env=args.api_key_env, settings=settings)
         if not dep.health():
             raise SpecError(f"{url} is not answering (GET /health and /v1/models failed)")
         model = args.model or dep.served_model()
@@ -93,8 +96,10 @@ def _target(args: argparse.Namespace):
         raise SpecError(f"the emulator engine is not available in this build: {e}") from None
     emu = EmulatorEngine(spec, mode="http" if engine == "emulator-http" else "virtual")
     dep = emu.deploy(dict(spec.server_config), seed=args.seed)
-    if args.workers != 1 and hasattr(dep, "settings"):
-        dep.settings.workers = args.workers
+    runner = getattr(getattr(dep, "_dep", dep), "settings", None)  # the HTTP emulator's runner settings
+    if runner is not None:
+        runner.workers = args.workers
+        runner.max_send_lag_p99_s = args.max_send_lag_ms / 1e3
     return dep, sla, gpus, args.model or spec.model, dep.close
 
 

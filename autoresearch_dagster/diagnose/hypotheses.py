@@ -5,7 +5,10 @@ profile, probe results) plus the resolved server config, never the name of a sce
 bottleneck lists its signals: a feature, a ramp (the value where the signal starts and where it is
 full) and a weight. Its score is the weighted share of its signals that fired, over the signals
 whose feature was measured, damped by how much of its expected evidence was available at all:
-``score = (Σ wᵢ·sᵢ / Σ_measured wᵢ) · (0.5 + 0.5 · Σ_measured wᵢ / Σ wᵢ)``. Probe recipes add
+``score = (Σ wᵢ·sᵢ / Σ_measured wᵢ) · (0.5 + 0.5 · Σ_measured wᵢ / Σ wᵢ) · (0.2 + 0.8 · gate)``, where
+``gate`` is the strongest of the bottleneck's key (defining) signals, 0.5 when none was measured; each
+measured ``need`` signal (a precondition, such as the SLA term the bottleneck explains having broken)
+scales the score by ``0.3 + 0.7·s``. Probe recipes add
 signals to a bottleneck from their YAML (``supports:``), so a new probe needs no code.
 """
 from __future__ import annotations
@@ -59,6 +62,8 @@ class Signal:
     hi: float  # value at which it is full (1); lo > hi means "lower is worse"
     weight: float
     label: str  # how the evidence line reads
+    key: bool = False  # a defining symptom: without any key signal the hypothesis is damped
+    need: bool = False  # a precondition (e.g. the SLA term it explains broke): scales the score by 0.3 + 0.7·s
 
     def strength(self, value: float) -> float:
         if self.hi == self.lo:
@@ -71,46 +76,46 @@ class Signal:
 # overload step, cfg.* resolved config, p.* profile, probe.<name> probe signals.
 SIGNALS: dict[str, list[Signal]] = {
     "prefill_interference": [
-        Signal("c.breaks_tpot_itl", 0.0, 1.0, 1.5, "an ITL/TPOT term breaks first"),
-        Signal("c.itl_tail_ratio", 2.0, 6.0, 2.0, "ITL p99/p50 at the break step"),
-        Signal("p.decode_stall_ratio", 2.0, 8.0, 2.0, "an interrupting prefill step lasts this many decode steps"),
+        Signal("c.breaks_tpot_itl", 0.0, 1.0, 1.5, "an ITL/TPOT term breaks first", need=True),
+        Signal("c.itl_tail_ratio", 2.0, 6.0, 2.0, "ITL p99/p50 at the break step", key=True),
+        Signal("p.decode_stall_ratio", 2.0, 8.0, 2.0, "an interrupting prefill step lasts this many decode steps", key=True),
         Signal("w.share_long_prompts", 0.02, 0.15, 1.0, "share of prompts ≥ 4096 tokens"),
     ],
     "kv_capacity": [
-        Signal("m.token_usage_max", 0.85, 0.97, 3.0, "peak KV token usage"),
-        Signal("m.retractions", 0.0, 5.0, 2.0, "requests retracted under KV pressure"),
+        Signal("m.token_usage_max", 0.85, 0.97, 3.0, "peak KV token usage", key=True),
+        Signal("m.retractions", 0.0, 5.0, 2.0, "requests retracted under KV pressure", key=True),
         Signal("m.queue_below_cap", 0.2, 0.8, 1.5, "queued while the running batch is below its cap (share of samples)"),
     ],
     "cuda_graph_coverage": [
-        Signal("m.share_above_graph_bs", 0.1, 0.6, 3.0, "share of decode samples with batch > CUDA-graph max bs"),
+        Signal("m.share_above_graph_bs", 0.1, 0.6, 3.0, "share of decode samples with batch > CUDA-graph max bs", key=True),
         Signal("p.launch_gap_share", 0.05, 0.25, 1.5, "share of GPU time lost in short launch gaps"),
         Signal("c.per_token_regime", 0.0, 1.0, 1.0, "per-token time grows with load"),
     ],
     "missed_prefix_reuse": [
-        Signal("x.cache_gap", 0.1, 0.4, 3.0, "prefix-cache hit rate the workload allows minus the one measured"),
+        Signal("x.cache_gap", 0.1, 0.4, 3.0, "prefix-cache hit rate the workload allows minus the one measured", key=True),
         Signal("w.prefix_hit_rate", 0.2, 0.6, 1.0, "infinite-cache prefix hit rate of the workload"),
         Signal("c.breaks_ttft", 0.0, 1.0, 0.5, "TTFT breaks first"),
     ],
     "decode_bound_small_batch": [
-        Signal("c.tpot_headroom_low", 0.45, 0.8, 3.0, "TPOT at the lightest load relative to its SLA limit"),
-        Signal("c.breaks_tpot_itl", 0.0, 1.0, 1.0, "an ITL/TPOT term breaks first"),
+        Signal("c.tpot_headroom_low", 0.45, 0.8, 3.0, "TPOT at the lightest load relative to its SLA limit", key=True),
+        Signal("c.breaks_tpot_itl", 0.0, 1.0, 1.0, "an ITL/TPOT term breaks first", need=True),
         Signal("x.no_speculation", 0.0, 1.0, 0.5, "no speculative decoding running"),
         Signal("m.running_small", 0.0, 1.0, 0.5, "decode batch at the break stays small (≤ 32)"),
     ],
     "admission_limit": [
-        Signal("m.share_at_running_cap", 0.3, 0.8, 3.0, "share of samples with the running batch at max_running_requests"),
+        Signal("m.share_at_running_cap", 0.3, 0.8, 3.0, "share of samples with the running batch at max_running_requests", key=True),
         Signal("m.queue_nonempty", 0.2, 0.7, 1.0, "share of samples with requests waiting"),
         Signal("m.kv_headroom", 0.1, 0.4, 1.5, "KV pool left unused at peak (1 − token usage)"),
     ],
     "burst_queueing": [
-        Signal("w.interarrival_cv", 1.3, 2.5, 2.0, "coefficient of variation of inter-arrival times"),
-        Signal("w.dispersion_index", 2.0, 8.0, 1.5, "index of dispersion of arrivals per window"),
+        Signal("w.interarrival_cv", 1.3, 2.5, 2.0, "coefficient of variation of inter-arrival times", key=True),
+        Signal("w.dispersion_index", 2.0, 8.0, 1.5, "index of dispersion of arrivals per window", key=True),
         Signal("c.breaks_ttft", 0.0, 1.0, 0.5, "TTFT breaks first"),
     ],
     "compute_bound_prefill": [
-        Signal("c.breaks_ttft", 0.0, 1.0, 1.0, "TTFT breaks first"),
-        Signal("c.ttft_headroom_low", 0.15, 0.5, 1.5, "TTFT at the lightest load relative to its SLA limit"),
-        Signal("p.prefill_gemm_share", 0.3, 0.6, 1.5, "GEMM/MoE share of GPU time × prefill share of step time"),
+        Signal("c.breaks_ttft", 0.0, 1.0, 1.0, "TTFT breaks first", need=True),
+        Signal("c.ttft_headroom_low", 0.15, 0.5, 1.5, "TTFT at the lightest load relative to its SLA limit", key=True),
+        Signal("p.prefill_gemm_share", 0.3, 0.6, 1.5, "GEMM/MoE share of GPU time × prefill share of step time", key=True),
         Signal("w.prompt_output_ratio", 5.0, 30.0, 1.0, "prompt tokens per output token"),
         Signal("x.no_fp8", 0.0, 1.0, 0.5, "weights not in fp8"),
     ],
@@ -143,7 +148,8 @@ def derive_features(base: dict[str, float | None]) -> dict[str, float | None]:
         v = f.get(k)
         return None if v is None else float(v)
 
-    pot, hit = g("w.prefix_hit_rate"), g("m.cache_hit_rate")
+    pot = g("m.potential_hit_rate") if f.get("m.potential_hit_rate") is not None else g("w.prefix_hit_rate")
+    hit = g("m.cache_hit_rate")
     f["x.cache_gap"] = (pot - hit) if pot is not None and hit is not None else None
     usage = g("m.token_usage_max")
     f["m.kv_headroom"] = (1.0 - usage) if usage is not None else None
@@ -184,7 +190,12 @@ def score(features: dict[str, float | None], extra: dict[str, list[Signal]] | No
             if st > 0:
                 where = sources.get(s.feature, s.feature.split(".")[0])
                 lines.append((s.weight * st, f"{s.label}: {_fmt(float(v))} [{where}; signal {st:.2f}×{s.weight:g}]"))
-        sc = (got / measured) * (0.5 + 0.5 * measured / total) if measured > 0 else 0.0
+        gates = [s.strength(float(feats[s.feature])) for s in sigs if s.key and feats.get(s.feature) is not None]
+        gate = max(gates) if gates else 0.5
+        sc = (got / measured) * (0.5 + 0.5 * measured / total) * (0.2 + 0.8 * gate) if measured > 0 else 0.0
+        for s in sigs:
+            if s.need and feats.get(s.feature) is not None:
+                sc *= 0.3 + 0.7 * s.strength(float(feats[s.feature]))
         lines.sort(key=lambda x: -x[0])
         out.append(Hypothesis(bottleneck=name, direction=b.direction, score=round(sc, 4),
                               evidence=[text for _, text in lines], knobs=list(b.knobs), summary=b.summary,
@@ -207,5 +218,5 @@ def probe_signals(recipes: list[Any], results: dict[str, dict[str, float | None]
             for sup in sig.get("supports") or []:
                 extra.setdefault(sup["bottleneck"], []).append(
                     Signal(key, float(sup["low"]), float(sup["high"]), float(sup.get("weight", 1.0)),
-                           f"probe {r.name}: {sig.get('label', sig['key'])}"))
+                           f"probe {r.name}: {sig.get('label', sig['key'])}", key=bool(sup.get("key", False))))
     return extra, feats

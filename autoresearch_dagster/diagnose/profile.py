@@ -12,6 +12,7 @@ import gzip
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -57,6 +58,7 @@ class ProfileError(ValueError):
     """A trace that cannot be read; the message names the file and what is wrong."""
 
 
+@lru_cache(maxsize=8192)
 def classify_kernel(name: str) -> str:
     """Category of a GPU kernel (or CPU operator) name by the ordered rules; 'other_gpu' if none match."""
     for cat, rx in _RULES:
@@ -153,14 +155,22 @@ def _events(obj: Any, source: str) -> list[dict]:
 
 
 def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], e)
-        else:
-            out.append((s, e))
-    return out
+    iv = list(intervals)
+    if not iv:
+        return []
+    st, en = _union_arrays(np.array([x[0] for x in iv]), np.array([x[1] for x in iv]))
+    return list(zip(st.tolist(), en.tolist()))
+
+
+def _union_arrays(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged busy intervals of possibly overlapping [start, end) intervals (vectorized)."""
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > e[:-1]
+    idx = np.flatnonzero(new)
+    last = np.append(idx[1:] - 1, len(s) - 1)
+    return s[idx], e[last]
 
 
 def _length(iv: list[tuple[float, float]]) -> float:
@@ -168,17 +178,22 @@ def _length(iv: list[tuple[float, float]]) -> float:
 
 
 def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if hi > lo:
-            total += hi - lo
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+    """Total overlap of two sets of disjoint sorted intervals: busy time of ``b`` inside each interval of ``a``."""
+    if not a or not b:
+        return 0.0
+    bs = np.array([x[0] for x in b])
+    be = np.array([x[1] for x in b])
+    cum = np.concatenate([[0.0], np.cumsum(be - bs)])
+
+    def busy_until(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(bs, t, side="right") - 1
+        kc = np.clip(k, 0, len(bs) - 1)
+        part = np.clip(np.minimum(t, be[kc]) - bs[kc], 0.0, None)
+        return np.where(k >= 0, cum[kc] + part, 0.0)
+
+    a_s = np.array([x[0] for x in a])
+    a_e = np.array([x[1] for x in a])
+    return float(np.sum(busy_until(a_e) - busy_until(a_s)))
 
 
 def _top_level(events: list[dict]) -> list[dict]:
@@ -197,49 +212,79 @@ def _top_level(events: list[dict]) -> list[dict]:
     return out
 
 
-def _step_kind(names: Iterable[str]) -> str:
-    pre = dec = False
-    for n in names:
-        if _STAGE_NAMES["prefill"].search(n) or _PREFILL_KERNEL.search(n):
-            pre = True
-        elif _STAGE_NAMES["decode"].search(n) or _DECODE_KERNEL.search(n):
-            dec = True
+@lru_cache(maxsize=4096)
+def _name_phase(name: str) -> tuple[bool, bool]:
+    """(marks prefill, marks decode) for an annotation or kernel name."""
+    if _STAGE_NAMES["prefill"].search(name) or _PREFILL_KERNEL.search(name):
+        return True, False
+    if _STAGE_NAMES["decode"].search(name) or _DECODE_KERNEL.search(name):
+        return False, True
+    return False, False
+
+
+def _kind(pre: bool, dec: bool) -> str:
     return "mixed" if pre and dec else "prefill" if pre else "decode" if dec else "unknown"
 
 
-def _steps(kernels: list[dict], annotations: list[dict]) -> list[ProfileStep]:
+def _step_kind(names: Iterable[str]) -> str:
+    pre = dec = False
+    for n in names:
+        p, d = _name_phase(n)
+        pre, dec = pre or p, dec or d
+    return _kind(pre, dec)
+
+
+@dataclass
+class _Kernels:
+    """GPU events of one rank as arrays (sorted by start)."""
+    ts: np.ndarray
+    end: np.ndarray
+    name_idx: np.ndarray
+    names: list[str]
+    is_kernel: np.ndarray  # False for memcpy/memset
+
+    @classmethod
+    def build(cls, events: list[dict]) -> "_Kernels":
+        events = sorted(events, key=lambda e: e["ts"])
+        names: dict[str, int] = {}
+        idx = np.array([names.setdefault(e["name"], len(names)) for e in events], dtype=np.int64)
+        ts = np.array([e["ts"] for e in events], dtype=float)
+        dur = np.array([e["dur"] for e in events], dtype=float)
+        is_kernel = np.array([e.get("cat") == "kernel" for e in events], dtype=bool)
+        return cls(ts, ts + dur, idx, list(names), is_kernel)
+
+    def phase_flags(self) -> tuple[np.ndarray, np.ndarray]:
+        flags = [_name_phase(n) for n in self.names]
+        pre = np.array([f[0] for f in flags], dtype=bool)[self.name_idx]
+        dec = np.array([f[1] for f in flags], dtype=bool)[self.name_idx]
+        return pre & self.is_kernel, dec & self.is_kernel
+
+
+def _steps(k: _Kernels, annotations: list[dict]) -> list[ProfileStep]:
     """Forward steps: annotated ranges when the trace has them, else kernels split at long gaps."""
+    pre, dec = k.phase_flags()
+    cpre = np.concatenate([[0], np.cumsum(pre)])
+    cdec = np.concatenate([[0], np.cumsum(dec)])
     if annotations:
         steps = []
-        ks = sorted(kernels, key=lambda e: e["ts"])
-        starts = np.array([k["ts"] for k in ks]) if ks else np.zeros(0)
         for a in sorted(annotations, key=lambda e: e["ts"]):
-            lo, hi = np.searchsorted(starts, a["ts"]), np.searchsorted(starts, a["ts"] + a["dur"])
-            inner = ks[lo:hi]
+            lo, hi = np.searchsorted(k.ts, a["ts"]), np.searchsorted(k.ts, a["ts"] + a["dur"])
             kind = _step_kind([a["name"]])
             if kind == "unknown":
-                kind = _step_kind(k["name"] for k in inner)
-            steps.append(ProfileStep(kind, float(a["ts"]), float(a["dur"]), len(inner)))
+                kind = _kind(bool(cpre[hi] - cpre[lo]), bool(cdec[hi] - cdec[lo]))
+            steps.append(ProfileStep(kind, float(a["ts"]), float(a["dur"]), int(hi - lo)))
         return steps
-    if not kernels:
+    if k.ts.size == 0:
         return []
-    ks = sorted(kernels, key=lambda e: e["ts"])
-    ends = np.maximum.accumulate(np.array([k["ts"] + k["dur"] for k in ks]))
-    gaps = np.array([ks[i + 1]["ts"] - ends[i] for i in range(len(ks) - 1)])
+    ends = np.maximum.accumulate(k.end)
+    gaps = k.ts[1:] - ends[:-1]
     positive = gaps[gaps > 0]
     cut = max(LAUNCH_GAP_US, 5.0 * float(np.median(positive))) if positive.size else float("inf")
-    steps, cur = [], [ks[0]]
-    for i in range(1, len(ks)):
-        if gaps[i - 1] > cut:
-            steps.append(cur)
-            cur = []
-        cur.append(ks[i])
-    steps.append(cur)
+    bounds = np.concatenate([[0], np.flatnonzero(gaps > cut) + 1, [k.ts.size]])
     out = []
-    for group in steps:
-        s = group[0]["ts"]
-        e = max(k["ts"] + k["dur"] for k in group)
-        out.append(ProfileStep(_step_kind(k["name"] for k in group), float(s), float(e - s), len(group)))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        kind = _kind(bool(cpre[hi] - cpre[lo]), bool(cdec[hi] - cdec[lo]))
+        out.append(ProfileStep(kind, float(k.ts[lo]), float(ends[hi - 1] - k.ts[lo]), int(hi - lo)))
     return out
 
 
@@ -249,46 +294,51 @@ def _rank_profile(events: list[dict], source: str, rank: dict[str, Any]) -> Rank
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         try:
-            e = {**e, "ts": float(e["ts"]), "dur": float(e.get("dur", 0.0)), "name": str(e["name"])}
+            e = {"name": str(e["name"]), "cat": e.get("cat"), "ts": float(e["ts"]), "dur": float(e.get("dur", 0.0)),
+                 "pid": e.get("pid"), "tid": e.get("tid")}
         except (KeyError, TypeError, ValueError):
             continue
         complete.append(e)
-    gpu = [e for e in complete if e.get("cat") in _GPU_CATS]
-    annotations = [e for e in complete if e.get("cat") == "gpu_user_annotation"
-                   or (e.get("cat") == "user_annotation" and _step_kind([e["name"]]) != "unknown")]
+    gpu = [e for e in complete if e["cat"] in _GPU_CATS]
+    annotations = [e for e in complete if e["cat"] == "gpu_user_annotation"
+                   or (e["cat"] == "user_annotation" and _step_kind([e["name"]]) != "unknown")]
     # The GPU-side copy of an annotation marks the step on the device timeline; prefer it when present.
-    gpu_ann = [e for e in annotations if e.get("cat") == "gpu_user_annotation"]
+    gpu_ann = [e for e in annotations if e["cat"] == "gpu_user_annotation"]
     annotations = gpu_ann or annotations
-    cpu = [e for e in complete if e.get("cat") in ("cpu_op", "python_function", "cuda_runtime", "cuda_driver")]
     breakdown = {c: 0.0 for c in CATEGORIES}
     kernel_totals: dict[str, float] = {}
     if gpu:
-        for e in gpu:
-            cat = "memory" if e.get("cat") in ("gpu_memcpy", "gpu_memset") else classify_kernel(e["name"])
-            breakdown[cat] += e["dur"]
-            kernel_totals[e["name"]] = kernel_totals.get(e["name"], 0.0) + e["dur"]
-        busy = _union((e["ts"], e["ts"] + e["dur"]) for e in gpu)
-        window = busy[-1][1] - busy[0][0]
-        gaps = np.array([busy[i + 1][0] - busy[i][1] for i in range(len(busy) - 1)])
-        idle = window - _length(busy)
+        k = _Kernels.build(gpu)
+        per_name = np.bincount(k.name_idx, weights=k.end - k.ts, minlength=len(k.names))
+        memcpy_names = {e["name"] for e in gpu if e["cat"] != "kernel"}
+        for i, name in enumerate(k.names):
+            cat = "memory" if name in memcpy_names else classify_kernel(name)
+            breakdown[cat] += float(per_name[i])
+            kernel_totals[name] = float(per_name[i])
+        us, ue = _union_arrays(k.ts, k.end)
+        window = float(ue[-1] - us[0])
+        busy_us = float(np.sum(ue - us))
+        gaps = us[1:] - ue[:-1]
+        idle = window - busy_us
         breakdown["cpu_scheduling"] = idle  # GPU idle inside the active window: the host was not feeding it
-        hist = np.histogram(gaps, bins=np.array(GAP_BINS_US))[0].tolist() if gaps.size else [0] * (len(GAP_BINS_US) - 1)
+        hist = np.histogram(gaps, bins=np.array(GAP_BINS_US))[0].tolist()
         launch = float(gaps[gaps < LAUNCH_GAP_US].sum()) / window if window > 0 else 0.0
         # Host work: operators and scheduler annotations; step annotations span the GPU work and are left out.
-        host = [e for e in cpu if e.get("cat") in ("cpu_op", "python_function")]
-        host += [e for e in complete if e.get("cat") == "user_annotation" and _step_kind([e["name"]]) == "unknown"]
+        host = [e for e in complete if e["cat"] in ("cpu_op", "python_function")
+                or (e["cat"] == "user_annotation" and _step_kind([e["name"]]) == "unknown")]
         cpu_busy = _union((e["ts"], e["ts"] + e["dur"]) for e in _top_level(host))
-        overlap = _intersection_length(cpu_busy, busy) / _length(cpu_busy) if cpu_busy and _length(cpu_busy) > 0 else None
+        cpu_len = _length(cpu_busy)
+        overlap = (_intersection_length(cpu_busy, list(zip(us.tolist(), ue.tolist()))) / cpu_len
+                   if cpu_len > 0 else None)
         idle_frac = idle / window if window > 0 else 0.0
-        busy_us = _length(busy)
-        steps = _steps([e for e in gpu if e.get("cat") == "kernel"], annotations)
+        steps = _steps(k, annotations)
     else:
-        ops = _top_level([e for e in complete if e.get("cat") == "cpu_op"])
+        ops = _top_level([e for e in complete if e["cat"] == "cpu_op"])
         for e in ops:
             cat = classify_kernel(e["name"])
             breakdown["cpu_scheduling" if cat == "other_gpu" else cat] += e["dur"]
             kernel_totals[e["name"]] = kernel_totals.get(e["name"], 0.0) + e["dur"]
-        spans = [e for e in complete if e.get("cat") in _CPU_CATS]
+        spans = [e for e in complete if e["cat"] in _CPU_CATS]
         window = (max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)) if spans else 0.0
         busy_us, idle_frac, hist, launch, overlap = 0.0, None, [0] * (len(GAP_BINS_US) - 1), None, None
         steps = [ProfileStep(_step_kind([a["name"]]), a["ts"], a["dur"], 0) for a in annotations]

@@ -27,7 +27,7 @@ from autoresearch_dagster.diagnose.metrics import EngineStats, analyze_timeserie
 from autoresearch_dagster.diagnose.probes import (ProbeResult, endpoint_traits, load_recipes, record_probe_use,
                                                   run_probe, useful_probes)
 from autoresearch_dagster.diagnose.profile import ProfileError, ProfileSummary, parse_profile
-from autoresearch_dagster.diagnose.workload import WorkloadStats, workload_stats
+from autoresearch_dagster.diagnose.workload import WorkloadStats, prefix_reuse, workload_stats
 from autoresearch_dagster.spec import KNOBS, EndpointSpec, config_hash
 
 FP8_QUANT = {"fp8", "w8a8_fp8", "modelopt_fp8", "mxfp8"}
@@ -150,9 +150,12 @@ def resolved_knobs(server_info: dict[str, Any] | None, config: dict[str, Any]) -
 
 
 def collect_features(w: WorkloadStats, c: CurveAnalysis | None, m: EngineStats | None, p: ProfileSummary | None,
-                     resolved: dict[str, Any], probe_feats: dict[str, float | None]
-                     ) -> tuple[dict[str, float | None], dict[str, str]]:
-    """Flat numeric features for scoring, and where each came from."""
+                     resolved: dict[str, Any], probe_feats: dict[str, float | None], *,
+                     step_potential_hit: float | None = None) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Flat numeric features for scoring, and where each came from.
+
+    ``step_potential_hit``: the infinite-cache hit rate of the requests the diagnostic step sent (a cold
+    cache after the flush), the fair yardstick for the hit rate the engine reported over that step."""
     f: dict[str, float | None] = {}
     src: dict[str, str] = {}
 
@@ -186,6 +189,7 @@ def collect_features(w: WorkloadStats, c: CurveAnalysis | None, m: EngineStats |
         put("m.cache_hit_rate", m.cache_hit_rate, where)
         put("m.spec_accept_length", m.spec_accept_length, where)
         put("m.running_mean", m.running_mean, where)
+        put("m.potential_hit_rate", step_potential_hit, "block hashes of the diagnostic step's requests")
     if p is not None and p.has_gpu:
         kernel_total = sum(v for k, v in p.breakdown_us.items() if k != "cpu_scheduling")
         where = f"profile ({len(p.files)} trace file(s))"
@@ -274,31 +278,53 @@ def _capacity_settings(quick: bool, workload: WorkloadStats) -> Any:
                             max_steps=12, burstiness=burst)
 
 
-def _diagnostic_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
-                     seed: int, profile_dir: Path | None) -> tuple[Any, Any, list[str], list[dict]]:
+def _run_at(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
+            seed: int, step_id: str, start_index: int = 0) -> tuple[Any, list[Any]]:
     from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
-    from autoresearch_dagster.measure import summarize_step
 
     duration = max(n_requests / rate, 1.0)
-    offsets = poisson_offsets(rate, duration, seed=seed + 7919, burstiness=burstiness) or [0.0]
-    sched = build_schedule(pool, offsets, model=endpoint.model, seed=seed + 7919)
+    offsets = poisson_offsets(rate, duration, seed=seed, burstiness=burstiness) or [0.0]
+    sched = build_schedule(pool, offsets, model=endpoint.model, seed=seed, start_index=start_index)
     dep.flush_cache()
+    return dep.run_step(sched, step_id=step_id, timeout_s=max(120.0, 4 * duration + 120)), sched
+
+
+def _diagnostic_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
+                     seed: int) -> tuple[Any, list[Any], list[dict]]:
+    """One load step at the rate where the SLA broke; its engine time series (or bracketing scrapes)."""
+    from autoresearch_dagster.measure import summarize_step
+
     before = dep.metrics_text()
-    files: list[str] = []
-    if profile_dir is not None:
-        profile_dir.mkdir(parents=True, exist_ok=True)
-        dep.start_profile(str(profile_dir))
-    try:
-        outcome = dep.run_step(sched, step_id=f"diagnose-{rate:.4g}rps", timeout_s=max(120.0, 4 * duration + 120))
-    finally:
-        if profile_dir is not None:
-            files = list(dep.stop_profile() or [])
+    outcome, sched = _run_at(dep, pool, endpoint, rate, n_requests, burstiness=burstiness, seed=seed + 7919,
+                             step_id=f"diagnose-{rate:.4g}rps")
     after = dep.metrics_text()
     step = summarize_step(outcome, endpoint.sla, rate_rps=rate)
+    # The scrape before the step anchors the counters (in-run samples start a sampling interval late);
+    # engines without in-run samples get the two bracketing scrapes.
     series = list(outcome.engine_timeseries or [])
-    if not series and before and after:  # engines without in-run samples: the two scrapes bracket the step
-        series = [{"t": 0.0, **snapshot(before)}, {"t": outcome.duration_s, **snapshot(after)}]
-    return outcome, step, files, series
+    if before:
+        series.insert(0, {"t": 0.0, **_counters(snapshot(before))})
+    if len(series) < 2 and after:
+        series.append({"t": outcome.duration_s, **snapshot(after)})
+    return step, sched, series
+
+
+def _counters(snap: dict[str, float]) -> dict[str, float]:
+    """Only the cumulative counters of a scrape (gauges before the step describe the previous step)."""
+    return {k: v for k, v in snap.items() if k.endswith("_total")}
+
+
+def _profiled_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
+                   seed: int, profile_dir: Path) -> list[str]:
+    """A short step under the profiler (profiles grow with every kernel launched, so keep it small)."""
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    dep.start_profile(str(profile_dir))
+    try:
+        _run_at(dep, pool, endpoint, rate, n_requests, burstiness=burstiness, seed=seed + 104729,
+                step_id=f"profile-{rate:.4g}rps", start_index=n_requests)
+    finally:
+        files = list(dep.stop_profile() or [])
+    return files
 
 
 def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str, Any], out_dir: Path,
@@ -334,15 +360,20 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
         cap = curve.capacity_rps or 0.0
         rate = curve.break_rps or (cap * 1.5 if cap > 0 else 1.0)
         say(f"capacity {cap:.3g} rps; diagnostic step at {rate:.3g} rps")
-        _, step, files, series = _diagnostic_step(
-            dep, pool, endpoint, rate, 60 if quick else 150, burstiness=getattr(settings, "burstiness", 1.0),
-            seed=seed, profile_dir=(out_dir / "profile") if profile else None)
+        burst = getattr(settings, "burstiness", 1.0)
+        n_diag = int(max(60, rate * 10)) if quick else int(max(150, rate * 30))
+        step, sched, series = _diagnostic_step(dep, pool, endpoint, rate, min(n_diag, 3000), burstiness=burst,
+                                               seed=seed)
         engine_stats = analyze_timeseries(series, resolved)
-        if files:
-            try:
-                prof = parse_profile(Path(files[0]).parent if len(files) > 1 else Path(files[0]))
-            except ProfileError as e:
-                say(f"profile unreadable: {e}")
+        step_potential_hit = prefix_reuse(sched)[0]
+        if profile:
+            files = _profiled_step(dep, pool, endpoint, rate, 8 if quick else 16, burstiness=burst, seed=seed,
+                                   profile_dir=out_dir / "profile")
+            if files:
+                try:
+                    prof = parse_profile(Path(files[0]).parent if len(files) > 1 else Path(files[0]))
+                except ProfileError as e:
+                    say(f"profile unreadable: {e}")
         if probes:
             recipes = load_recipes(probe_dirs)
             traits = endpoint_traits(endpoint, w)
@@ -359,7 +390,8 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
         dep.close()
     extra, probe_feats = probe_signals(load_recipes(probe_dirs) if probe_results else [],
                                        {r.name: r.values for r in probe_results})
-    features, sources = collect_features(w, curve, engine_stats, prof, resolved, probe_feats)
+    features, sources = collect_features(w, curve, engine_stats, prof, resolved, probe_feats,
+                                         step_potential_hit=step_potential_hit)
     hyps = score(features, extra, sources)
     step_where = f"diagnostic step {step.step_id} ({step.n_sent} requests at {rate:.3g} rps)"
     findings = build_findings(w, curve, engine_stats, prof, probe_results, pool_where, step_where)

@@ -55,11 +55,13 @@ def _dist(vals: np.ndarray) -> dict[str, float]:
 
 
 def prefix_reuse(requests: list[Any], top: int = 5) -> tuple[float, list[SharedPrefix]]:
-    """Infinite-cache hit rate over block hashes and the shared prefixes that save the most tokens."""
+    """Infinite-cache hit rate over block hashes and the shared prefixes that save the most tokens.
+
+    Takes PoolRequests (ordered by ``arrival_s``) or ScheduledRequests (ordered by ``send_offset_s``)."""
     seen: set[int] = set()
     saved_by: dict[tuple[int, int], list[int]] = {}
     total = hit = 0
-    for r in sorted(requests, key=lambda r: r.arrival_s):
+    for r in sorted(requests, key=lambda r: getattr(r, "arrival_s", None) or getattr(r, "send_offset_s", 0.0)):
         total += r.prompt_tokens
         hashes = list(r.block_hashes or [])
         depth = 0

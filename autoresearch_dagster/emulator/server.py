@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from autoresearch_dagster.emulator.catalog import gpu, model_card
+from autoresearch_dagster.emulator.core import EngineCore
 from autoresearch_dagster.emulator.openai_protocol import (
     GenRequest, RequestError, ResponseWriter, TextPieces, error_body, output_length, parse_request, text_seed, usage,
 )
@@ -81,26 +83,19 @@ class EmulatorServer:
     def __init__(self, endpoint: EndpointSpec, config: dict | None = None, *, seed: int = 0, noise: Any = None,
                  model_name: str | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, core: Any = None,
                  request_log_size: int = 100_000):
-        from autoresearch_dagster.emulator.catalog import MODELS, gpu, model_card
-
         self.endpoint = endpoint
         self.config = validate_server_config(endpoint.server_config if config is None else config)
         self.seed = seed
         self.model_name = model_name or endpoint.model
         self.block_tokens = block_tokens
-        card = MODELS.get(endpoint.model)
-        if core is None:
-            from autoresearch_dagster.emulator.core import EngineCore
-
-            core = EngineCore(model_card(endpoint.model), gpu(endpoint.hardware.gpu), endpoint.gpus, self.config,
-                              seed=seed, noise=noise)
-        self.core = core
+        card = model_card(endpoint.model)
+        self.core = core if core is not None else EngineCore(card, gpu(endpoint.hardware.gpu), endpoint.gpus,
+                                                             self.config, seed=seed, noise=noise)
         resolved = self.core.resolved_config()
-        self.max_total_num_tokens = int(self._core_info().get("max_total_num_tokens")
-                                        or self.core.metrics().get("sglang:max_total_num_tokens") or 0)
-        self.context_len = int(resolved.get("context_length") or (card.context_len if card else 131072))
-        self.stream_interval = max(1, int(resolved.get("stream_interval") or self.config.get("stream_interval") or 1))
-        self.tp_size = max(1, int(resolved.get("tp_size") or self.config.get("tp_size") or 1))
+        self.max_total_num_tokens = int(self._core_info()["max_total_num_tokens"])
+        self.context_len = card.context_len
+        self.stream_interval = max(1, int(resolved.get("stream_interval") or 1))
+        self.tp_size = max(1, int(resolved.get("tp_size") or 1))
         self.driver: RealtimeDriver | None = None
         self.state = "starting"
         self.started_at = time.time()

@@ -139,7 +139,7 @@ class _Executor:
                                          auto_decompress=False) as session:
             self.session = session
             if t0 is None:
-                t0 = time.perf_counter() + 0.02
+                t0 = time.perf_counter() + 0.05
             return await self._run(t0)
 
     async def _run(self, t0: float) -> dict[str, Any]:
@@ -408,7 +408,7 @@ class HttpDeployment:
                 msg = c.recv()
                 if msg != "ready":
                     raise RuntimeError(f"runner worker {k} failed to start: {msg}")
-            t0 = time.perf_counter() + 0.05  # CLOCK_MONOTONIC: the same clock in every process
+            t0 = time.perf_counter() + 0.25  # CLOCK_MONOTONIC: the same clock in every process
             for c in conns:
                 c.send(t0)
             budget = (jobs[-1].offset if jobs else 0) + timeout_s + self.settings.step_grace_s + 30.0

@@ -19,8 +19,8 @@ from autoresearch_dagster.logs.csv_traces import (AZURE_COLUMNS, BURSTGPT_COLUMN
 from autoresearch_dagster.logs.mooncake import MOONCAKE_BLOCK_TOKENS, parse_mooncake_line
 from autoresearch_dagster.logs.openai_chat import parse_openai_line
 from autoresearch_dagster.logs.records import LogRecord, RecordError, Rejected
-from autoresearch_dagster.logs.source import (FORMATS, OversizedLine, ReorderWindow, detect_format, iter_lines,
-                                              ordered)
+from autoresearch_dagster.logs.source import (FORMATS, OversizedLine, ReorderWindow, detect_format,
+                                              iter_line_batches, iter_lines, ordered)
 from autoresearch_dagster.spec import SpecError
 
 __all__ = ["FORMATS", "LogRecord", "LogSource", "MOONCAKE_BLOCK_TOKENS", "RecordError", "Rejected",
@@ -51,10 +51,17 @@ class LogSource:
     header: CsvHeader | None = None
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
-        it = iter_lines(self.path)
-        if self.skip_first:
-            next(it, None)
-        return it
+        for batch in self.line_batches():
+            yield from batch
+
+    def line_batches(self, max_lines: int = 4096) -> Iterator[list[tuple[int, bytes]]]:
+        """Raw non-blank lines in batches, the CSV header left out."""
+        first = self.skip_first
+        for batch in iter_line_batches(self.path, max_lines):
+            if first:
+                batch, first = batch[1:], False
+            if batch:
+                yield batch
 
     def parse(self, line: int, raw: bytes) -> LogRecord | Rejected:
         return parse_line(self.parser, line, raw)

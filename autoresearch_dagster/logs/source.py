@@ -22,32 +22,55 @@ def _open(path: Path) -> IO[bytes]:
     return raw
 
 
-def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes without the newline) for every non-blank line, streamed.
+def iter_line_batches(path: str | Path, max_lines: int = 4096, block_bytes: int = 1 << 22
+                      ) -> Iterator[list[tuple[int, bytes]]]:
+    """Batches of (1-based line number, raw bytes without the line end) of the non-blank lines, streamed.
 
-    A line longer than MAX_LINE_BYTES is yielded truncated to its first byte plus a marker length
-    so the caller can quarantine it without holding it whole in memory.
+    The file is read in blocks (memory: one block plus one pending line). A line longer than
+    MAX_LINE_BYTES is skipped through and stands as an ``OversizedLine`` carrying only its size,
+    so the caller can quarantine it without ever holding it whole.
     """
     with _open(Path(path)) as f:
-        reader = io.BufferedReader(f, buffer_size=1 << 20) if not isinstance(f, io.BufferedReader) else f
-        n = 0
+        n, rest, batch = 0, b"", []
+        skipping = -1  # >= 0 while inside an oversized line: bytes seen so far
         while True:
-            line = reader.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return
-            n += 1
-            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                size = len(line)
-                while True:  # skip the rest of the oversized line
-                    more = reader.readline(1 << 20)
-                    size += len(more)
-                    if not more or more.endswith(b"\n"):
-                        break
-                yield n, OversizedLine(size)
-                continue
-            line = line.rstrip(b"\r\n")
-            if line.strip():
-                yield n, line
+            data = f.read(block_bytes)
+            if not data:
+                break
+            if skipping >= 0:
+                nl = data.find(b"\n")
+                if nl < 0:
+                    skipping += len(data)
+                    continue
+                n += 1
+                batch.append((n, OversizedLine(skipping + nl)))
+                skipping, data = -1, data[nl + 1:]
+            buf = rest + data if rest else data
+            lines = buf.split(b"\n")
+            rest = lines.pop()
+            if len(rest) > MAX_LINE_BYTES:
+                skipping, rest = len(rest), b""
+            for ln in lines:
+                n += 1
+                if len(ln) > MAX_LINE_BYTES:
+                    batch.append((n, OversizedLine(len(ln))))
+                elif ln and not ln.isspace():
+                    batch.append((n, ln.rstrip(b"\r")))
+                if len(batch) >= max_lines:
+                    yield batch
+                    batch = []
+        if skipping >= 0:
+            batch.append((n + 1, OversizedLine(skipping)))
+        elif rest and not rest.isspace():
+            batch.append((n + 1, rest.rstrip(b"\r")))
+        if batch:
+            yield batch
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) for every non-blank line, streamed (see ``iter_line_batches``)."""
+    for batch in iter_line_batches(path):
+        yield from batch
 
 
 class OversizedLine(bytes):

@@ -89,3 +89,15 @@ def test_reorder_window_sorts_small_disorder_and_quarantines_late(tmp_path):
     bad = [r for r in out if isinstance(r, Rejected)]
     assert ok == [100.0, 101.0, 103.0, 300.0]
     assert len(bad) == 1 and bad[0].line == 5 and "out of order" in bad[0].reason
+
+
+def test_line_batches_across_block_boundaries_oversized_and_crlf(tmp_path, monkeypatch):
+    from autoresearch_dagster.logs import source
+
+    monkeypatch.setattr(source, "MAX_LINE_BYTES", 40)
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b'{"a": 1}\r\n\n  \n' + b"x" * 100 + b'\n{"b": 2}\n' + b"y" * 45 + b'\n{"c": 3}')
+    for block in (3, 7, 64, 1 << 20):
+        got = [(n, bytes(r), getattr(r, "size", None)) for b in source.iter_line_batches(p, 2, block) for n, r in b]
+        assert got == [(1, b'{"a": 1}', None), (4, b"", 100), (5, b'{"b": 2}', None), (6, b"", 45),
+                       (7, b'{"c": 3}', None)], block
