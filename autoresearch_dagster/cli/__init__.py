@@ -12,7 +12,7 @@ import sys
 from autoresearch_dagster.spec import SpecError
 
 # command group -> module (kept explicit so --help order is stable)
-_GROUPS = ["pool", "replay", "emulator", "noise", "experiment", "diagnose", "sql", "run"]
+_GROUPS = ["pool", "replay", "emulator", "noise", "experiment", "correctness", "diagnose", "sql", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:
