@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: run test venv dev bench clean
+.PHONY: run test venv dev bench clean sglang-parser
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,3 +28,7 @@ bench: $(VENV)/.installed
 
 clean:
 	rm -rf out .dagster_home .pytest_cache
+
+# Optional: SGLang 0.5.23's own argument parser on CPU (about 2.3 GB); scripts/test.sh uses it when present.
+sglang-parser:
+	bash scripts/sglang_parser_extra.sh

@@ -8,4 +8,8 @@ if [ -x scripts/pg.sh ]; then
   eval "$(bash scripts/pg.sh start)" || { echo "could not start PostgreSQL" >&2; exit 1; }
   trap 'bash scripts/pg.sh stop "$AUTORESEARCH_PG_DIR"' EXIT
 fi
+# SGLang's own argument parser, when `make sglang-parser` has built its venv (optional, ~2.3 GB).
+if [ -z "${AUTORESEARCH_SGLANG_PYTHON:-}" ] && [ -x .venv-sglang-parser/bin/python ]; then
+  export AUTORESEARCH_SGLANG_PYTHON=$PWD/.venv-sglang-parser/bin/python
+fi
 "$PY" -m pytest "$@"
