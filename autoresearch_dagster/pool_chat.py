@@ -35,6 +35,10 @@ def count_and_hashes(text: str, counter: Callable[[str], int] | None, block_toke
     return len(pieces), out
 
 
+def _content_key(content: Any) -> str:
+    return content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False)
+
+
 def conversation_key(rec: LogRecord, key: bytes, redacted_messages: list[dict] | None) -> str:
     # Logged ids may be personal (an e-mail as a session id): only a keyed hash of them is kept.
     if rec.conversation_id is not None:
@@ -43,7 +47,8 @@ def conversation_key(rec: LogRecord, key: bytes, redacted_messages: list[dict] |
         msgs = redacted_messages or []
         lead = [m for m in msgs if m.get("role") in ("system", "developer")][:1] + \
                [m for m in msgs if m.get("role") == "user"][:1]
-        basis = "msg:" + json.dumps(lead, sort_keys=True, ensure_ascii=False) if lead else "prompt:" + (rec.prompt or "")
+        basis = ("msg:" + "\x1d".join(f"{m.get('role')}\x1e{_content_key(m.get('content'))}" for m in lead)
+                 if lead else "prompt:" + (rec.prompt or ""))
     return "c-" + hmac.new(key, basis.encode(), hashlib.sha256).hexdigest()[:16]
 
 

@@ -147,11 +147,39 @@ _DIGIT_RUN = re.compile(r"\d(?:[\d \t().+/-]{5,}\d|\d{0,2}\.\d)")
 _SUFFIX_HINT = re.compile(_STREET_SUFFIX)
 _IPV6_HINT = re.compile(r"[0-9A-Fa-f]:[0-9A-Fa-f]*:")
 _CAP_PAIR = re.compile(r"([A-Z][a-z]+)\s+([A-Z][a-z]+(?:-[A-Z][a-z]+)?)\b")
-_HONORIFIC_HINTS = ("Mr", "Ms", "Miss", "Mx", "Dr", "Prof", "Sir", "Madam", "Mme", "Herr", "Frau")
-_INTRO_HINTS = ("name is", "Name is", "all me", "Name:", "igned")
-_GREETING_HINTS = ("Dear", "Hi", "Hello", "Hey", "Thank", "I am", "I'm", "This is")
-_SIGNATURE_HINTS = ("Regards", "regards", "Thanks", "Thank you", "Cheers", "Best", "Sincerely", "Yours")
-_KEY_HINTS = ("sk-", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "eyJ", "AIza")
+# Hints that start with a capital letter are found in one pass of a literal alternation (the regex
+# engine skips straight to capital letters); the few lower-case ones with str.find.
+_HINT_GROUPS = {
+    "honorific": ("Mrs", "Mr", "Ms", "Miss", "Mx", "Dr", "Prof", "Sir", "Madam", "Mme", "Herr", "Frau"),
+    "intro": ("Name", "Signed", "name is", "all me", "igned"),
+    "signature": ("Regards", "Thanks", "Thank you", "Cheers", "Best", "Sincerely", "Yours", "regards"),
+    "greeting": ("Dear", "Hi", "Hello", "Hey", "Thank", "I am", "I'm", "This is"),
+    "key": ("AKIA", "ASIA", "AIza", "sk-", "_", "xox", "eyJ"),
+    "bearer": ("earer",),
+}
+_UPPER_HINT_GROUPS: dict[str, list[str]] = {}
+_LOWER_HINT_GROUPS: dict[str, list[str]] = {}
+for _group, _hints in _HINT_GROUPS.items():
+    for _h in _hints:
+        (_UPPER_HINT_GROUPS if _h[0].isupper() else _LOWER_HINT_GROUPS).setdefault(_h, []).append(_group)
+_UPPER_HINTS = re.compile("|".join(re.escape(h) for h in sorted(_UPPER_HINT_GROUPS, key=len, reverse=True)))
+
+
+def _hint_positions(text: str) -> dict[str, list[int]]:
+    """Offsets of each detector group's hints in ``text``."""
+    out: dict[str, list[int]] = {}
+    for m in _UPPER_HINTS.finditer(text):
+        for g in _UPPER_HINT_GROUPS[m.group()]:
+            out.setdefault(g, []).append(m.start())
+    for h, groups in _LOWER_HINT_GROUPS.items():
+        i = text.find(h)
+        while i >= 0:
+            for g in groups:
+                out.setdefault(g, []).append(i)
+            i = text.find(h, i + 1)
+    return out
+
+
 _KV_HINTS = ("key", "secret", "token", "passw", "pwd")
 _LONG_TOKEN = re.compile(r"[A-Za-z0-9_+/-]{24,}={0,2}")
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+/=-")
@@ -204,9 +232,14 @@ def _spans(text: str) -> list[Span]:
             if q >= 0:
                 for pm in _URL_SECRET_PARAM.finditer(url, q):
                     add((base + pm.start(2), base + pm.end(2), "url_secret", pm.group(2)))
-    for m in _scan(_KEY_SHAPES, text, _near(text, _KEY_HINTS, 2, 4096)):
+    hints = _hint_positions(text)
+
+    def near(group: str, before: int, after: int) -> list[tuple[int, int]]:
+        return _windows([(i, i) for i in hints.get(group, ())], before, after, n)
+
+    for m in _scan(_KEY_SHAPES, text, near("key", 16, 4096)):
         add((m.start(), m.end(), "api_key", m.group()))
-    for m in _scan(_BEARER, text, _near(text, ("earer",), 1, 1024)):
+    for m in _scan(_BEARER, text, near("bearer", 1, 1024)):
         add((m.start(1), m.end(1), "api_key", m.group(1)))
     lower = text.lower()
     kv = _near(lower, _KV_HINTS, 24, 256)
@@ -258,11 +291,10 @@ def _spans(text: str) -> list[Span]:
             if (s0 == 0 or (text[s0 - 1] not in _TOKEN_CHARS and text[s0 - 1] != ".")) and \
                     (e0 == n or text[e0] not in _TOKEN_CHARS) and _looks_secret(m.group()):
                 add((s0, e0, "api_key", m.group()))
-    for rx, hints, after in ((_HONORIFIC, _HONORIFIC_HINTS, 48), (_INTRO, _INTRO_HINTS, 64),
-                             (_SIGNATURE, _SIGNATURE_HINTS, 64)):
-        for m in _scan(rx, text, _near(text, hints, 16, after)):
+    for rx, group, after in ((_HONORIFIC, "honorific", 48), (_INTRO, "intro", 64), (_SIGNATURE, "signature", 64)):
+        for m in _scan(rx, text, near(group, 16, after)):
             add((m.start(1), m.end(1), "person", m.group(1)))
-    for m in _scan(_GREETING, text, _near(text, _GREETING_HINTS, 1, 48)):
+    for m in _scan(_GREETING, text, near("greeting", 1, 48)):
         if m.group(1).split()[0] in FIRST_NAMES:
             add((m.start(1), m.end(1), "person", m.group(1)))
     for m in _CAP_PAIR.finditer(text):
