@@ -321,6 +321,11 @@ def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, mod
         if s.flush_cache:
             deployment.flush_cache()
         offsets = poisson_offsets(rate, duration, seed=step_seed, burstiness=s.burstiness)
+        for _ in range(8):  # a Poisson draw can fall short of the minimum: hold the step longer
+            if len(offsets) >= min_completed:
+                break
+            duration *= 1.25
+            offsets = poisson_offsets(rate, duration, seed=step_seed, burstiness=s.burstiness)
         sched = build_schedule(pool, offsets, model=model, seed=step_seed, start_index=cursor[0])
         cursor[0] += len(sched)
         outcome = deployment.run_step(sched, step_id=f"{kind}{k:02d}-{rate:.4g}rps", timeout_s=s.request_timeout_s)

@@ -33,7 +33,8 @@ def test_replay_capacity_cli(limited_server, pool_dir, tmp_path):
     rc = main(["replay", "capacity", "--pool", str(pool_dir), "--url", limited_server.url,
                "--sla", "ttft_p99<=250ms,errors<=1%", "--out", str(out), "--step-duration", "1.0",
                "--min-completed", "20", "--start-rps", "20", "--resolution", "0.25", "--warmup", "0.3",
-               "--max-steps", "8", "--timeout", "5", "--gpus", "2"])
+               "--max-steps", "8", "--timeout", "5", "--gpus", "2",
+               "--max-send-lag-ms", "50"])  # the shared 2-core test machine is often loaded
     summary = json.loads((out / "summary.json").read_text())
     assert rc == (0 if summary["valid"] else 1)
     assert {"capacity_rps", "capacity_rps_per_gpu", "steps", "valid", "invalid_reasons"} <= set(summary)

@@ -98,7 +98,7 @@ def test_pacing_matches_intended_offsets_at_the_server(server_process):
     lag = np.asarray([arrived[s.request_id] - t0 - s.send_offset_s for s in sched])
     send_lag = np.asarray([r.sent_s - r.scheduled_s for r in out.records])
     # Bounds loose enough for a shared, loaded 2-core CI machine; the benchmark measures the real figure.
-    assert np.median(send_lag) < 0.002 and np.percentile(send_lag, 90) < 0.010
+    assert np.median(send_lag) < 0.002 and np.percentile(send_lag, 90) < 0.025
     assert np.median(lag) < 0.005 and lag.min() > -0.001  # never early; rarely late
     assert out.meta["send_lag_p99_ms"] == pytest.approx(np.percentile(send_lag, 99) * 1e3)
 
