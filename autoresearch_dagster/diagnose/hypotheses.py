@@ -84,7 +84,7 @@ SIGNALS: dict[str, list[Signal]] = {
     "kv_capacity": [
         Signal("m.token_usage_max", 0.85, 0.97, 3.0, "peak KV token usage", key=True),
         Signal("m.retractions", 0.0, 5.0, 2.0, "requests retracted under KV pressure", key=True),
-        Signal("m.queue_below_cap", 0.2, 0.8, 1.5, "queued while the running batch is below its cap (share of samples)"),
+        Signal("m.usage_when_queued", 0.7, 0.92, 2.0, "mean KV token usage while requests wait", key=True),
     ],
     "cuda_graph_coverage": [
         Signal("m.share_above_graph_bs", 0.1, 0.6, 3.0, "share of decode samples with batch > CUDA-graph max bs", key=True),
@@ -93,7 +93,7 @@ SIGNALS: dict[str, list[Signal]] = {
     ],
     "missed_prefix_reuse": [
         Signal("x.cache_gap", 0.1, 0.4, 3.0, "prefix-cache hit rate the workload allows minus the one measured", key=True),
-        Signal("w.prefix_hit_rate", 0.2, 0.6, 1.0, "infinite-cache prefix hit rate of the workload"),
+        Signal("w.prefix_hit_rate", 0.1, 0.5, 1.0, "infinite-cache prefix hit rate of the workload", need=True),
         Signal("c.breaks_ttft", 0.0, 1.0, 0.5, "TTFT breaks first"),
     ],
     "decode_bound_small_batch": [
@@ -103,7 +103,8 @@ SIGNALS: dict[str, list[Signal]] = {
         Signal("m.running_small", 0.0, 1.0, 0.5, "decode batch at the break stays small (≤ 32)"),
     ],
     "admission_limit": [
-        Signal("m.share_at_running_cap", 0.3, 0.8, 3.0, "share of samples with the running batch at max_running_requests", key=True),
+        Signal("m.at_cap_when_queued", 0.4, 0.9, 3.0,
+               "while requests wait, share of time the running batch is at max_running_requests", key=True),
         Signal("m.queue_nonempty", 0.2, 0.7, 1.0, "share of samples with requests waiting"),
         Signal("m.kv_headroom", 0.1, 0.4, 1.5, "KV pool left unused at peak (1 − token usage)"),
     ],
@@ -153,8 +154,6 @@ def derive_features(base: dict[str, float | None]) -> dict[str, float | None]:
     f["x.cache_gap"] = (pot - hit) if pot is not None and hit is not None else None
     usage = g("m.token_usage_max")
     f["m.kv_headroom"] = (1.0 - usage) if usage is not None else None
-    q, cap = g("m.queue_nonempty"), g("m.share_at_running_cap")
-    f["m.queue_below_cap"] = (q * (1.0 - cap)) if q is not None and cap is not None else None
     acc = g("m.spec_accept_length")
     spec = f.get("cfg.speculative")
     f["x.no_speculation"] = None if spec is None else (0.0 if (spec or (acc or 0) > 1.0) else 1.0)

@@ -125,6 +125,8 @@ class EngineStats:
     share_at_running_cap: float | None  # share of samples with running ≥ 95% of the cap
     share_above_graph_bs: float | None  # share of busy samples whose decode batch exceeds the graph max bs
     share_queue_nonempty: float | None
+    at_cap_when_queued: float | None  # of the samples with requests waiting: share with the running batch at its cap
+    usage_when_queued: float | None  # mean KV token usage over the samples with requests waiting
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -168,9 +170,17 @@ def analyze_timeseries(samples: Iterable[dict[str, Any] | str], resolved_config:
     acc = _series(rows, "spec_accept_length")
     mrr = cfg.get("max_running_requests")
     gbs = cfg.get("cuda_graph_max_bs_decode")
-    at_cap = above = None
+    at_cap = above = at_cap_q = usage_q = None
     if run is not None and mrr:
         at_cap = float(np.mean(run >= 0.95 * float(mrr)))
+    # Why requests wait: read the gauges only at the samples where some did.
+    both = [(r[PREFIX + "num_queue_reqs"], r.get(PREFIX + "num_running_reqs"), r.get(PREFIX + "token_usage"))
+            for r in rows if PREFIX + "num_queue_reqs" in r]
+    queued = [(run_, use) for q_, run_, use in both if q_ > 0]
+    if queued and mrr:
+        at_cap_q = float(np.mean([run_ is not None and run_ >= 0.95 * float(mrr) for run_, _ in queued]))
+    if queued and any(use is not None for _, use in queued):
+        usage_q = float(np.mean([use for _, use in queued if use is not None]))
     # The decode batch itself when the engine reports it; the running count is an upper bound of it.
     dbs = _series(rows, "decode_batch_size")
     dbs = dbs if dbs is not None else run
@@ -200,4 +210,5 @@ def analyze_timeseries(samples: Iterable[dict[str, Any] | str], resolved_config:
         cuda_graph_max_bs=int(gbs) if gbs else None,
         share_at_running_cap=at_cap, share_above_graph_bs=above,
         share_queue_nonempty=float(np.mean(q > 0)) if q is not None else None,
+        at_cap_when_queued=at_cap_q, usage_when_queued=usage_q,
     )

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from autoresearch_dagster.diagnose.metrics import analyze_timeseries
+from autoresearch_dagster.diagnose.metrics import analyze_timeseries, snapshot
 from autoresearch_dagster.spec import SLA, SpecError
 from autoresearch_dagster.tokens import block_hashes, count_tokens, render_prompt, synth_text
 
@@ -115,12 +115,16 @@ def _median(reqs: list[Any], attr: str) -> float:
     return float(np.median([getattr(r, attr) for r in reqs])) if reqs else 0.0
 
 
-def _tokens(params: dict, reqs: list[Any], attr: str) -> int:
+def _tokens(params: dict, origin: list[Any], attr: str) -> int:
+    """A length from the recipe: fixed ``tokens``, ``factor_of_median`` or a ``quantile`` of the original pool."""
     if "tokens" in params:
         return int(params["tokens"])
     if "factor_of_median" in params:
-        return max(1, int(round(float(params["factor_of_median"]) * _median(reqs, attr))))
-    raise SpecError(f"transform {params.get('op')!r} needs 'tokens' or 'factor_of_median'")
+        return max(1, int(round(float(params["factor_of_median"]) * _median(origin, attr))))
+    if "quantile" in params:
+        vals = [getattr(r, attr) for r in origin]
+        return max(1, int(round(float(np.quantile(vals, float(params["quantile"]))))))
+    raise SpecError(f"transform {params.get('op')!r} needs 'tokens', 'factor_of_median' or 'quantile'")
 
 
 def _rehash(r: Any, messages: list[dict] | None, prompt: str | None, tools: list[dict] | None) -> Any:
@@ -155,12 +159,12 @@ def _seed(r: Any, salt: str) -> int:
     return random.Random(f"{salt}:{r.id}").getrandbits(48)
 
 
-def _set_prompt(reqs: list[Any], p: dict) -> list[Any]:
-    n = _tokens(p, reqs, "prompt_tokens")
+def _set_prompt(reqs: list[Any], p: dict, origin: list[Any]) -> list[Any]:
+    n = _tokens(p, origin, "prompt_tokens")
     return [_with_text(r, synth_text(max(1, n - _overhead(r)), _seed(r, "set_prompt")), keep_tools=False) for r in reqs]
 
 
-def _append_prompt(reqs: list[Any], p: dict) -> list[Any]:
+def _append_prompt(reqs: list[Any], p: dict, origin: list[Any]) -> list[Any]:
     f = float(p.get("factor", 2.0))
     out = []
     for r in reqs:
@@ -169,51 +173,53 @@ def _append_prompt(reqs: list[Any], p: dict) -> list[Any]:
     return out
 
 
-def _set_output(reqs: list[Any], p: dict) -> list[Any]:
-    n = _tokens(p, reqs, "output_tokens")
+def _set_output(reqs: list[Any], p: dict, origin: list[Any]) -> list[Any]:
+    n = _tokens(p, origin, "output_tokens")
     return [replace(r, output_tokens=n) for r in reqs]
 
 
-def _scale_output(reqs: list[Any], p: dict) -> list[Any]:
+def _scale_output(reqs: list[Any], p: dict, origin: list[Any]) -> list[Any]:
     f = float(p.get("factor", 2.0))
     return [replace(r, output_tokens=max(1, int(round(r.output_tokens * f)))) for r in reqs]
 
 
-def _unique_prefix(reqs: list[Any], p: dict) -> list[Any]:
+def _unique_prefix(reqs: list[Any], p: dict, origin: list[Any]) -> list[Any]:
     return [_with_text(r, synth_text(max(1, r.prompt_tokens - _overhead(r)), _seed(r, "unique")), keep_tools=False)
             for r in reqs]
 
 
-def _shared_prefix(reqs: list[Any], p: dict) -> list[Any]:
+def _shared_prefix(reqs: list[Any], p: dict, origin: list[Any]) -> list[Any]:
     if "tokens" in p:
         n = int(p["tokens"])
     else:
-        n = int(round(float(p.get("fraction", 0.5)) * _median(reqs, "prompt_tokens")))
+        n = int(round(float(p.get("fraction", 0.5)) * _median(origin, "prompt_tokens")))
     common = synth_text(n, int(p.get("seed", 7)))
     return [_with_text(r, common + synth_text(max(16, r.prompt_tokens - n - _overhead(r)), _seed(r, "tail")),
                        keep_tools=False) for r in reqs]
 
 
-def _inject_long(reqs: list[Any], p: dict) -> list[Any]:
+def _inject_long(reqs: list[Any], p: dict, origin: list[Any]) -> list[Any]:
     every = int(p.get("every", 8))
-    n = _tokens(p, reqs, "prompt_tokens")
+    n = _tokens(p, origin, "prompt_tokens")
     out_tokens = int(p.get("output", 16))
     return [replace(_with_text(r, synth_text(max(1, n - _overhead(r)), _seed(r, "long")), keep_tools=False),
                     output_tokens=out_tokens)
             if i % every == every - 1 else r for i, r in enumerate(reqs)]
 
 
-TRANSFORMS: dict[str, Callable[[list[Any], dict], list[Any]]] = {
+TRANSFORMS: dict[str, Callable[[list[Any], dict, list[Any]], list[Any]]] = {
     "set_prompt": _set_prompt, "append_prompt": _append_prompt, "set_output": _set_output,
     "scale_output": _scale_output, "unique_prefix": _unique_prefix, "shared_prefix": _shared_prefix,
     "inject_long": _inject_long,
 }
 
 
-def transform(reqs: list[Any], transforms: list[dict]) -> list[Any]:
-    """Apply a variant's transforms in order to the pool's requests (PoolRequests are copied, never edited)."""
+def transform(reqs: list[Any], transforms: list[dict], origin: list[Any] | None = None) -> list[Any]:
+    """Apply a variant's transforms in order (PoolRequests are copied, never edited). Lengths given relative
+    to the pool (``factor_of_median``, ``quantile``) are taken from ``origin`` (default: ``reqs``)."""
+    origin = list(reqs) if origin is None else origin
     for t in transforms or []:
-        reqs = TRANSFORMS[t["op"]](reqs, t)
+        reqs = TRANSFORMS[t["op"]](reqs, t, origin)
     return reqs
 
 
@@ -295,7 +301,7 @@ def run_probe(recipe: ProbeRecipe, pool: Any, deployment: Any, *, sla: SLA, mode
         n_req = int(load.get("requests", 60))
         if max_requests:
             n_req = min(n_req, max_requests)
-        reqs = transform(base[: max(n_req, 1)], v.get("transforms") or [])
+        reqs = transform(base[: max(n_req, 1)], v.get("transforms") or [], origin=base)
         vdir = work_dir / recipe.name / v["name"]
         pool_path = write_pool(reqs, vdir, {"block_tokens": reqs[0].block_tokens, "source_format": "probe",
                                             "probe": recipe.name, "variant": v["name"]})
@@ -310,10 +316,16 @@ def run_probe(recipe: ProbeRecipe, pool: Any, deployment: Any, *, sla: SLA, mode
             offsets = [0.0]
         schedule = build_schedule(vpool, offsets, model=model, seed=seed + i)
         deployment.flush_cache()
+        before = deployment.metrics_text()
         outcome = deployment.run_step(schedule, step_id=f"probe-{recipe.name}-{v['name']}",
                                       timeout_s=max(120.0, 4.0 * duration + 120.0))
         step = _asdict(summarize_step(outcome, sla, rate_rps=rate))
-        engine = analyze_timeseries(outcome.engine_timeseries, resolved_config).to_dict()
+        series = list(outcome.engine_timeseries or [])
+        if before:  # anchor the counters at the step start (in-run samples begin one interval late)
+            series.insert(0, {"t": 0.0, **{k: v for k, v in snapshot(before).items() if k.endswith("_total")}})
+        if len(series) < 2:
+            series.append({"t": outcome.duration_s, **snapshot(deployment.metrics_text())})
+        engine = analyze_timeseries(series, resolved_config).to_dict()
         ctx = {**step, "engine": engine,
                "prompt_tokens_mean": float(np.mean([s.prompt_tokens for s in schedule])),
                "output_tokens_mean": float(np.mean([s.output_tokens for s in schedule])),

@@ -185,6 +185,8 @@ def collect_features(w: WorkloadStats, c: CurveAnalysis | None, m: EngineStats |
         put("m.retractions", m.retractions, where)
         put("m.queue_nonempty", m.share_queue_nonempty, where)
         put("m.share_at_running_cap", m.share_at_running_cap, where)
+        put("m.at_cap_when_queued", m.at_cap_when_queued, where)
+        put("m.usage_when_queued", m.usage_when_queued, where)
         put("m.share_above_graph_bs", m.share_above_graph_bs, where)
         put("m.cache_hit_rate", m.cache_hit_rate, where)
         put("m.spec_accept_length", m.spec_accept_length, where)
@@ -238,9 +240,11 @@ def build_findings(w: WorkloadStats, c: CurveAnalysis | None, m: EngineStats | N
                            {"queue_mean": m.queue_mean, "queue_p95": m.queue_p95, "queue_slope_per_s": m.queue_slope_per_s,
                             "running_mean": m.running_mean, "running_max": m.running_max,
                             "max_running_requests": m.max_running_requests,
-                            "share_at_running_cap": m.share_at_running_cap}, step_where))
+                            "share_at_running_cap": m.share_at_running_cap,
+                            "at_cap_when_queued": m.at_cap_when_queued}, step_where))
         out.append(Finding("metrics.memory", "metrics", "KV cache pressure and prefix-cache hits",
                            {"token_usage_max": m.token_usage_max, "token_usage_mean": m.token_usage_mean,
+                            "usage_when_queued": m.usage_when_queued,
                             "retractions": m.retractions, "cache_hit_rate": m.cache_hit_rate}, step_where))
         out.append(Finding("metrics.decode", "metrics", "Decode batch vs CUDA graphs, speculation",
                            {"cuda_graph_max_bs": m.cuda_graph_max_bs, "share_above_graph_bs": m.share_above_graph_bs,
@@ -271,11 +275,13 @@ def _capacity_settings(quick: bool, workload: WorkloadStats) -> Any:
     cv = workload.interarrival_cv or 1.0
     # Replay the pool's own burstiness (gamma shape 1/CV²): bursts move the knee.
     burst = float(min(1.0, max(0.05, 1.0 / cv ** 2))) if cv > 1.2 else 1.0
+    # Steps hold well past min_completed / rate: a Poisson step short of completions is invalid, and the
+    # search would read that as a failure.
     if quick:
-        return CapacitySettings(step_duration_s=20.0, min_completed=40, warmup_s=0.0, resolution=0.15,
-                                max_steps=8, burstiness=burst)
-    return CapacitySettings(step_duration_s=40.0, min_completed=80, warmup_s=5.0, resolution=0.08,
-                            max_steps=12, burstiness=burst)
+        return CapacitySettings(step_duration_s=40.0, min_completed=25, warmup_s=0.0, resolution=0.15,
+                                max_steps=10, burstiness=burst)
+    return CapacitySettings(step_duration_s=90.0, min_completed=60, warmup_s=5.0, resolution=0.08,
+                            max_steps=14, burstiness=burst)
 
 
 def _run_at(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
