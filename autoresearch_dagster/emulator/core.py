@@ -217,11 +217,13 @@ class _Replica:
         self.ratio_decay = (init - self.ratio_min) / RATIO_DECAY_STEPS
         self.waiting: deque[_Req] = deque()
         self.chunked: _Req | None = None
+        # The running batch: slot arrays (views of growable buffers). gen/ctx/priv are stored minus
+        # ``off``, which every plain decode step bumps instead of touching the arrays.
         self.reqs: list[_Req] = []
-        self.gen = np.zeros(0, dtype=np.int64)
-        self.out = np.zeros(0, dtype=np.int64)
-        self.ctx = np.zeros(0, dtype=np.int64)
-        self.priv = np.zeros(0, dtype=np.int64)  # KV tokens owned by the request (not in the radix cache)
+        self._buf = np.zeros((4, 64), dtype=np.int64)  # rows: gen, out, ctx, priv (KV owned outside the cache)
+        self.off = 0
+        self.next_finish = math.inf  # value of ``off`` at which the first running request finishes
+        self._views()
         self.sum_ctx = 0
         self.private = 0  # KV tokens held by running/chunked requests outside the cache
         self.reserve_remaining = 0  # sum of min(out - gen, CLIP) over the running batch
@@ -358,13 +360,20 @@ class _Replica:
                     self.waiting.popleft()
         return segs or None
 
+    def _views(self) -> None:
+        n = len(self.reqs)
+        self.gen, self.out, self.ctx, self.priv = (self._buf[0, :n], self._buf[1, :n], self._buf[2, :n],
+                                                   self._buf[3, :n])
+
     def _join(self, r: _Req, now_idx: int, priv: int) -> None:
-        self.reqs.append(r)
+        n = len(self.reqs)
+        if n == self._buf.shape[1]:
+            self._buf = np.concatenate([self._buf, np.zeros_like(self._buf)], axis=1)
         ctx = r.total
-        self.gen = np.append(self.gen, r.gen)
-        self.out = np.append(self.out, r.out)
-        self.ctx = np.append(self.ctx, ctx)
-        self.priv = np.append(self.priv, priv)
+        self._buf[:, n] = (r.gen - self.off, r.out, ctx - self.off, priv - self.off)
+        self.reqs.append(r)
+        self._views()
+        self.next_finish = min(self.next_finish, r.out - r.gen + self.off)
         self.sum_ctx += ctx
         self.reserve_remaining += min(r.out - r.gen, CLIP_MAX_NEW_TOKENS)
         r.seg_start = now_idx
@@ -374,7 +383,8 @@ class _Replica:
         """Remove the batch slots in ``mask``; close their token segments; free their KV."""
         idx = np.flatnonzero(mask)
         left = [self.reqs[i] for i in idx]
-        gens = self.gen[idx]
+        off = self.off
+        gens = self.gen[idx] + off
         for r, g in zip(left, gens.tolist()):
             r.gen = g
             if now_idx > r.seg_start >= 0:
@@ -383,12 +393,20 @@ class _Replica:
             if self.cache is not None and r.n_locked:
                 self.cache.unlock(r.hashes[:r.n_locked])
                 r.n_locked = 0
-        self.private -= int(self.priv[idx].sum())
-        self.sum_ctx -= int(self.ctx[idx].sum())
+        k = len(idx)
+        self.private -= int(self.priv[idx].sum()) + off * k
+        self.sum_ctx -= int(self.ctx[idx].sum()) + off * k
         self.reserve_remaining -= int(np.minimum(self.out[idx] - gens, CLIP_MAX_NEW_TOKENS).sum())
-        keep = ~mask
-        self.reqs = [r for r, k in zip(self.reqs, keep.tolist()) if k]
-        self.gen, self.out, self.ctx, self.priv = self.gen[keep], self.out[keep], self.ctx[keep], self.priv[keep]
+        # swap-remove, highest slot first, so the remaining slots stay contiguous
+        reqs, buf = self.reqs, self._buf  # event builders hold their own copy of the batch list
+        for i in idx[::-1].tolist():
+            last = len(reqs) - 1
+            if i != last:
+                reqs[i] = reqs[last]
+                buf[:, i] = buf[:, last]
+            reqs.pop()
+        self._views()
+        self.next_finish = int((self.out - self.gen).min()) if reqs else math.inf
         return left
 
     def _finish(self, r: _Req, t: float) -> None:
@@ -430,7 +448,7 @@ class _Replica:
         width = need // max(1, self.n_running)
         while self.available() < self.n_running * width and self.n_running > 1:
             # SGLang retraction_policy=length: fewest generated tokens first, then the longest prompt
-            order = np.lexsort((-(self.ctx - self.gen), self.gen))
+            order = np.lexsort((-(self.ctx - self.gen), self.gen))  # offsets cancel / preserve order
             victim = int(order[0])
             mask = np.zeros(self.n_running, dtype=bool)
             mask[victim] = True
@@ -444,7 +462,8 @@ class _Replica:
         if retracted:
             self.c["num_retracted_requests_total"] += retracted
             total_out = int(self.out.sum()) or 1
-            self.ratio = min(1.0, (int(self.gen.sum()) + RETRACT_DECODE_STEPS * self.n_running) / total_out)
+            gen_total = int(self.gen.sum()) + self.off * self.n_running
+            self.ratio = min(1.0, (gen_total + RETRACT_DECODE_STEPS * self.n_running) / total_out)
 
     # ------------------------------------------------------------------ one iteration
     def advance(self, now: float, want_events: bool):
@@ -474,7 +493,7 @@ class _Replica:
                     p_read_swa += min(prior, W)
             n_dec = self.n_running if mixed else 0
             dctx = self.sum_ctx if mixed else 0
-            dctx_swa = int(np.minimum(self.ctx, W).sum()) if (mixed and W) else dctx
+            dctx_swa = self._ctx_clipped(W) if (mixed and W) else dctx
             cost = cm.step(prefill_tokens=int(p_tok), prefill_seqs=len(segs), prefill_attn_work=p_work,
                            prefill_attn_work_swa=p_work_swa if W else p_work, prefill_ctx_read=p_read,
                            prefill_ctx_read_swa=p_read_swa if W else p_read, decode_reqs=n_dec,
@@ -499,7 +518,7 @@ class _Replica:
                 self.c["cached_tokens_total"] += cached_sum
             joined_events: list[tuple[_Req, int, bool]] = []
             if mixed:
-                batch_reqs = self.reqs if want_events else None
+                batch_reqs = list(self.reqs) if want_events else None
                 self._decode_effect(1, end, dec_idx)
                 if want_events:
                     joined_events.extend((r, 1, False) for r in batch_reqs)
@@ -526,7 +545,7 @@ class _Replica:
                 self._retract_for(need, dec_idx)
             n = self.n_running
             dctx = self.sum_ctx
-            dctx_swa = int(np.minimum(self.ctx, W).sum()) if W else dctx
+            dctx_swa = self._ctx_clipped(W) if W else dctx
             cost = cm.step(decode_reqs=n, decode_width=width, decode_ctx=dctx, decode_ctx_swa=dctx_swa,
                            draft_steps=self.spec_draft_steps if self.spec_alpha else 0,
                            draft_width=self.spec_topk, n_running=n)
@@ -537,7 +556,7 @@ class _Replica:
             self.c["cuda_graph_passes_total" if n <= self.graph_bs else "eager_passes_total"] += 1
             self.last_decode_bs = n
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
-            batch_reqs = self.reqs if want_events else None
+            batch_reqs = list(self.reqs) if want_events else None
             if self.spec_alpha:
                 acc = self._spec_accept(n)
                 self.c["spec_verify_calls_total"] += 1
@@ -570,24 +589,25 @@ class _Replica:
             build = _events_builder(joined_events)
         return start, dur, kind, cost, build
 
+    def _ctx_clipped(self, w: int) -> int:
+        """sum(min(ctx, w)) over the batch (sliding-window layers read at most ``w`` tokens)."""
+        return int(np.minimum(self.ctx, w - self.off).sum()) + self.off * len(self.reqs)
+
     def _spec_accept(self, n: int) -> np.ndarray:
         draws = self.rng.random((n, self.spec_steps)) < self.spec_alpha
         acc = 1 + np.cumprod(draws, axis=1).sum(axis=1)
-        return np.minimum(acc, self.out - self.gen)
+        return np.minimum(acc, self.out - self.gen - self.off)
 
     def _decode_effect(self, acc, end: float, dec_idx: int) -> None:
         if isinstance(acc, int):
-            self.gen += acc
-            self.ctx += acc
-            self.priv += acc
+            self.off += acc
             tot = acc * len(self.reqs)
             self.reserve_remaining -= tot
         else:
-            np.add(self.gen, acc, out=self.gen)
-            np.add(self.ctx, acc, out=self.ctx)
-            np.add(self.priv, acc, out=self.priv)
+            self._buf[[0, 2, 3], :len(self.reqs)] += acc
             tot = int(acc.sum())
             self.reserve_remaining -= tot
+            self.next_finish = int((self.out - self.gen).min()) if self.reqs else math.inf
             for r, a in zip(self.reqs, acc.tolist()):
                 r.spec.append(a)
         self.private += tot
@@ -597,11 +617,9 @@ class _Replica:
         self.gen_hist.append((end, self.c["generation_tokens_total"]))
 
     def _reap(self, end: float, now_idx: int) -> list[_Req]:
-        if not len(self.gen):
+        if self.off < self.next_finish or not self.reqs:
             return []
-        mask = self.gen >= self.out
-        if not mask.any():
-            return []
+        mask = self.gen + self.off >= self.out
         left = self._leave(mask, now_idx, end)
         for r in left:
             self._finish(r, end)

@@ -17,7 +17,7 @@ weights and a large batch reads nearly all of them (why MoE decode is costlier p
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from autoresearch_dagster.emulator.catalog import GiB, GPUSpec, ModelCard
 from autoresearch_dagster.spec import SpecError
@@ -61,18 +61,16 @@ class Efficiency:
         return Efficiency(**{**asdict(self), **kw})
 
 
-@dataclass
 class StepCost:
     """Seconds per kernel class for one forward pass (one replica, all TP ranks in lockstep)."""
-    gemm_s: float = 0.0
-    moe_s: float = 0.0
-    attn_s: float = 0.0
-    comm_s: float = 0.0
-    sample_s: float = 0.0
-    draft_s: float = 0.0
-    launch_s: float = 0.0  # eager-mode launch overhead (decode batch above the CUDA-graph max bs)
-    cpu_s: float = 0.0  # scheduler / batch preparation / output processing
-    detail: dict = field(default_factory=dict)
+    __slots__ = ("gemm_s", "moe_s", "attn_s", "comm_s", "sample_s", "draft_s", "launch_s", "cpu_s")
+
+    def __init__(self, gemm_s: float = 0.0, moe_s: float = 0.0, attn_s: float = 0.0, comm_s: float = 0.0,
+                 sample_s: float = 0.0, draft_s: float = 0.0, launch_s: float = 0.0, cpu_s: float = 0.0):
+        self.gemm_s, self.moe_s, self.attn_s, self.comm_s = gemm_s, moe_s, attn_s, comm_s
+        self.sample_s, self.draft_s = sample_s, draft_s
+        self.launch_s = launch_s  # eager-mode launch overhead (decode batch above the CUDA-graph max bs)
+        self.cpu_s = cpu_s  # scheduler / batch preparation / output processing
 
     @property
     def gpu_s(self) -> float:
@@ -81,6 +79,9 @@ class StepCost:
     @property
     def total_s(self) -> float:
         return self.gpu_s + self.launch_s + self.cpu_s
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.__slots__}
 
 
 class CostModel:
@@ -106,15 +107,26 @@ class CostModel:
         self._n_sliding = m.layers - self._n_global
         self._ar_bytes_per_token = m.hidden * 2.0
 
-    # -- pieces -----------------------------------------------------------------------------------
-    def _roof(self, flops: float, bytes_: float, peak: float, mfu: float, mbu: float) -> float:
-        return max(flops / (peak * mfu), bytes_ / (self.hw.hbm_bw * mbu))
+        e, hw = self.eff, hw
+        self._gemm_rate = self.gemm_peak * e.gemm_mfu
+        self._moe_rate = self.gemm_peak * e.moe_mfu
+        self._attn_rate = hw.bf16_flops * e.attn_mfu
+        self._w_bw = hw.hbm_bw * e.mbu
+        self._kv_bw = hw.hbm_bw * e.kv_mbu
+        self._dense_bytes = (self._dense_params + self._lm_params) * self.wbytes
+        self._moe_bytes_all = m.n_moe_layers * m.experts * self._expert_params * self.wbytes
+        self._moe_flop_per_token = 2.0 * m.active_experts * self._expert_params * m.n_moe_layers
+        self._miss = 1.0 - m.active_experts / m.experts if m.is_moe else 1.0
+        self._floor = m.layers * e.kernel_floor_s
+        self._sample_per_logit = m.vocab * 4.0 / self._w_bw / tp
+        self._launch = m.layers * e.eager_layer_s * (1.5 if m.is_moe else 1.0)  # MoE layers launch more kernels
+        self._req_cpu = e.per_req_overhead_s * (0.5 + 0.5 / stream_interval)
 
     def moe_coverage(self, tokens: float) -> float:
-        m = self.m
-        if not m.is_moe or tokens <= 0:
+        """Expected fraction of experts touched when ``tokens`` tokens each pick top-k of E."""
+        if not self.m.is_moe or tokens <= 0:
             return 0.0
-        return 1.0 - (1.0 - m.active_experts / m.experts) ** tokens
+        return 1.0 - self._miss ** tokens
 
     def step(self, *, prefill_tokens: int = 0, prefill_seqs: int = 0, prefill_attn_work: float = 0.0,
              prefill_attn_work_swa: float = 0.0, prefill_ctx_read: float = 0.0, prefill_ctx_read_swa: float = 0.0,
@@ -130,45 +142,37 @@ class CostModel:
         m, e = self.m, self.eff
         dec_tokens = decode_reqs * decode_width
         tokens = prefill_tokens + dec_tokens
-        c = StepCost()
         if tokens <= 0:
-            c.cpu_s = e.step_overhead_s
-            return c
+            return StepCost(cpu_s=e.step_overhead_s)
         logits = prefill_seqs + dec_tokens
-        wb = self.wbytes
-        gemm_flops = 2.0 * tokens * self._dense_params + 2.0 * logits * self._lm_params
-        gemm_bytes = (self._dense_params + self._lm_params) * wb
-        c.gemm_s = self._roof(gemm_flops, gemm_bytes, self.gemm_peak, e.gemm_mfu, e.mbu)
-        if m.is_moe:
-            cov = self.moe_coverage(tokens)
-            moe_flops = 2.0 * tokens * m.active_experts * self._expert_params * m.n_moe_layers
-            moe_bytes = m.n_moe_layers * m.experts * cov * self._expert_params * wb
-            c.moe_s = self._roof(moe_flops, moe_bytes, self.gemm_peak, e.moe_mfu, e.mbu)
+        gemm_s = max((2.0 * tokens * self._dense_params + 2.0 * logits * self._lm_params) / self._gemm_rate,
+                     self._dense_bytes / self._w_bw) + self._floor
+        moe_s = 0.0
+        if m.experts:
+            moe_s = max(tokens * self._moe_flop_per_token / self._moe_rate,
+                        self._moe_bytes_all * (1.0 - self._miss ** tokens) / self._w_bw)
         pairs = (self._n_global * (prefill_attn_work + decode_width * decode_ctx)
                  + self._n_sliding * (prefill_attn_work_swa + decode_width * decode_ctx_swa))
-        kv_tokens_read = (self._n_global * (decode_ctx + prefill_ctx_read)
-                          + self._n_sliding * (decode_ctx_swa + prefill_ctx_read_swa))
-        attn_flops = self._attn_flop_per * pairs
-        attn_bytes = self._kv_per_layer_token * (kv_tokens_read + m.layers * tokens)  # reads + writes of new KV
-        c.attn_s = self._roof(attn_flops, attn_bytes, self.hw.bf16_flops, e.attn_mfu, e.kv_mbu)
+        kv_read = (self._n_global * (decode_ctx + prefill_ctx_read)
+                   + self._n_sliding * (decode_ctx_swa + prefill_ctx_read_swa) + m.layers * tokens)  # + new KV writes
+        attn_s = max(self._attn_flop_per * pairs / self._attn_rate, self._kv_per_layer_token * kv_read / self._kv_bw)
+        comm_s = 0.0
         if self.tp > 1:
             per_ar = (self.hw.link_latency_s
                       + 2.0 * (self.tp - 1) / self.tp * tokens * self._ar_bytes_per_token / (self.hw.link_bw * e.comm_eff))
-            c.comm_s = 2 * m.layers * per_ar
-        c.sample_s = 15e-6 + logits * m.vocab * 4.0 / (self.hw.hbm_bw * e.mbu) / self.tp
-        c.gemm_s += m.layers * e.kernel_floor_s
-        if draft_steps:
+            comm_s = 2 * m.layers * per_ar
+        draft_s = 0.0
+        if draft_steps:  # one-layer draft head + lm_head per draft step, at the tree width
+            layer = self._dense_params / m.layers
             draft_tokens = decode_reqs * draft_width
-            one = self._roof(2.0 * draft_tokens * (self._dense_params / m.layers * 1.0 + self._lm_params),
-                             (self._dense_params / m.layers + self._lm_params) * wb,
-                             self.gemm_peak, e.gemm_mfu, e.mbu) + 2 * e.kernel_floor_s * 4
-            c.draft_s = draft_steps * one
-        pure_decode = prefill_tokens == 0
-        if pure_decode and decode_reqs > self.graph_bs:
-            moe_kernels = 1.5 if m.is_moe else 1.0  # routing, align, two expert GEMMs: more launches per layer
-            c.launch_s = m.layers * e.eager_layer_s * moe_kernels * (1 + draft_steps * 0.1)
-        c.cpu_s = e.step_overhead_s + max(n_running, decode_reqs) * e.per_req_overhead_s * (0.5 + 0.5 / self.stream_interval)
-        return c
+            one = max(2.0 * draft_tokens * (layer + self._lm_params) / self._gemm_rate,
+                      (layer + self._lm_params) * self.wbytes / self._w_bw) + 8 * e.kernel_floor_s
+            draft_s = draft_steps * one
+        launch_s = 0.0
+        if prefill_tokens == 0 and decode_reqs > self.graph_bs:
+            launch_s = self._launch * (1 + draft_steps * 0.1)
+        cpu_s = e.step_overhead_s + (n_running if n_running > decode_reqs else decode_reqs) * self._req_cpu
+        return StepCost(gemm_s, moe_s, attn_s, comm_s, 15e-6 + logits * self._sample_per_logit, draft_s, launch_s, cpu_s)
 
 
 # ------------------------------------------------------------------------------------- resolution
