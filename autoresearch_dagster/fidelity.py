@@ -74,7 +74,7 @@ class WorkloadStats:
     arrivals: array = field(default_factory=lambda: array("d"))
     prompt_tokens: array = field(default_factory=lambda: array("q"))
     output_tokens: array = field(default_factory=lambda: array("q"))
-    latencies: array = field(default_factory=lambda: array("d"))  # NaN where unknown
+    latencies: array | None = None  # NaN where unknown; None until a request has a latency
     cache: PrefixCache = field(default_factory=PrefixCache)
 
     def add(self, arrival_s: float, prompt_tokens: int, output_tokens: int, hashes: Iterable[int] = (),
@@ -82,7 +82,10 @@ class WorkloadStats:
         self.arrivals.append(arrival_s)
         self.prompt_tokens.append(prompt_tokens)
         self.output_tokens.append(output_tokens)
-        self.latencies.append(float("nan") if latency_s is None else latency_s)
+        if latency_s is not None and self.latencies is None:
+            self.latencies = array("d", [float("nan")]) * (len(self.arrivals) - 1)
+        if self.latencies is not None:
+            self.latencies.append(float("nan") if latency_s is None else latency_s)
         self.cache.add(hashes)
 
     def add_many(self, arrivals: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
@@ -90,7 +93,8 @@ class WorkloadStats:
         self.arrivals.frombytes(np.ascontiguousarray(arrivals, np.float64).tobytes())
         self.prompt_tokens.frombytes(np.ascontiguousarray(prompt_tokens, np.int64).tobytes())
         self.output_tokens.frombytes(np.ascontiguousarray(output_tokens, np.int64).tobytes())
-        self.latencies.frombytes(np.full(len(arrivals), np.nan).tobytes())
+        if self.latencies is not None:
+            self.latencies.frombytes(np.full(len(arrivals), np.nan).tobytes())
         if hashes is not None:
             self.cache.add_flat(hashes, unique)
 
@@ -143,8 +147,9 @@ def summarize(ws: WorkloadStats, th: FidelityThresholds | None = None) -> dict:
                           "cv": float(gaps.std() / gaps.mean()) if gaps.mean() > 0 else None}
         for w in th.idc_windows_s:
             out["arrival"][f"idc_{w:g}s"] = _idc(arr, w, th.min_windows)
-    lat = np.frombuffer(ws.latencies, dtype=np.float64) if len(ws) else np.zeros(0)
-    conc = _concurrency(np.frombuffer(ws.arrivals, dtype=np.float64), lat) if len(ws) else None
+    conc = None
+    if len(ws) and ws.latencies is not None:
+        conc = _concurrency(np.frombuffer(ws.arrivals, dtype=np.float64), np.frombuffer(ws.latencies, dtype=np.float64))
     out["concurrency"] = {"mean": conc[0], "p95": conc[1]} if conc else None
     return out
 

@@ -85,7 +85,9 @@ def process_chat_record(rec: LogRecord, redactor: Redactor, counter: Callable[[s
         sampling=rec.sampling, prompt_tokens=n_tokens, output_tokens=out, block_hashes=hashes,
         block_tokens=CHAT_BLOCK_TOKENS, split=split_for(conv), output_tokens_source=out_src,
         source_latency_s=rec.latency_s)
-    return req, {"prompt_tokens": src_tokens, "hashes": src_hashes, "line": rec.line, "nbytes": rec.nbytes}
+    # source hashes travel only when redaction changed them (most requests: same list as the row's)
+    return req, {"prompt_tokens": src_tokens, "hashes": None if src_hashes is hashes else src_hashes,
+                 "line": rec.line, "nbytes": rec.nbytes}
 
 
 _worker: dict[str, Any] = {}

@@ -10,7 +10,9 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autoresearch_dagster.pool import read_pool  # noqa: E402
 from autoresearch_dagster.pool_build import build_pool  # noqa: E402
 
 WORDS = ("the service should keep latency low while batch grows and each request waits in queue before "
@@ -76,10 +79,25 @@ def make_chat(path: Path, n: int, rng: random.Random) -> None:
             f.write(json.dumps(rec) + "\n")
 
 
-def timed_build(path: Path, out: Path, **kw) -> tuple[float, dict]:
+def timed_build(path: Path, out: Path, **kw) -> tuple[float, float, dict]:
+    """(wall seconds, CPU seconds of this process and its finished worker processes, summary)."""
+    c0 = time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     t0 = time.perf_counter()
     res = build_pool([path], "bench", out, key=b"bench-key", **kw)
-    return time.perf_counter() - t0, res.summary
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - c0
+    return wall, cpu, res.summary
+
+
+def peak_rss_mb(path: Path, out: Path) -> float:
+    """Peak resident memory of a separate process building a pool from ``path``."""
+    code = ("import sys; from autoresearch_dagster.pool_build import build_pool; "
+            "build_pool([sys.argv[1]], 'bench', sys.argv[2], key=b'k', workers=1)")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    subprocess.run([sys.executable, "-c", code, str(path), str(out)], check=True,
+                   cwd=Path(__file__).resolve().parents[1])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(before, after) / 1024
 
 
 def main() -> None:
@@ -93,33 +111,46 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f} at start")
         n = int(300_000 * scale)
         make_azure(tmp / "azure.csv", n, rng)
-        dt, s = timed_build(tmp / "azure.csv", tmp / "p_azure")
-        print(f"token trace (Azure CSV, no prefix blocks): {n} records in {dt:.2f} s = {n / dt:,.0f} records/s "
-              f"(parse + pool write; target >= 50,000/s)")
+        wall, cpu, s = timed_build(tmp / "azure.csv", tmp / "p_azure")
+        print(f"token trace (Azure CSV, no prefix blocks): {n} records in {wall:.2f} s = {n / wall:,.0f} records/s "
+              f"({n / cpu:,.0f} per CPU-second; parse + pool write; target >= 50,000/s)")
         n = int(100_000 * scale)
         make_mooncake(tmp / "mc.jsonl", n, rate=30.0, mean_tokens=4000, rng=rng)
-        dt, s = timed_build(tmp / "mc.jsonl", tmp / "p_mc")
-        print(f"token trace (Mooncake JSONL, ~8 blocks/request, block table written): {n} records in {dt:.2f} s = "
-              f"{n / dt:,.0f} records/s")
+        wall, cpu, s = timed_build(tmp / "mc.jsonl", tmp / "p_mc")
+        blocks = read_pool(tmp / "p_mc").meta["blocks"]
+        print(f"token trace (Mooncake JSONL, {blocks / n:.1f} new 512-token blocks per record, block table written): "
+              f"{n} records in {wall:.2f} s = {n / wall:,.0f} records/s ({n / cpu:,.0f} per CPU-second)")
 
         n = int(20_000 * scale)
         make_chat(tmp / "chat.jsonl", n, rng)
         size_kb = (tmp / "chat.jsonl").stat().st_size / n / 1e3
         for workers in (1, 2):
-            dt, s = timed_build(tmp / "chat.jsonl", tmp / f"p_chat{workers}", workers=workers)
-            print(f"chat logs with redaction (~{size_kb:.1f} KB/request, {workers} worker{'s' * (workers > 1)}): "
-                  f"{n} requests in {dt:.2f} s = {n / dt:,.0f} requests/s (target >= 2,000/s on 2 cores); "
-                  f"redactions {s['redactions']}; prompt-token change {100 * s['prompt_token_change']:+.3f}%")
+            wall, cpu, s = timed_build(tmp / "chat.jsonl", tmp / f"p_chat{workers}", workers=workers)
+            print(f"chat logs with redaction (~{size_kb:.1f} KB/request, {workers} worker process"
+                  f"{'es' * (workers > 1)}): {n} requests in {wall:.2f} s = {n / wall:,.0f} requests/s, "
+                  f"{n / cpu:,.0f} per CPU-second (target >= 2,000/s on 2 cores); redactions {s['redactions']}; "
+                  f"prompt-token change {100 * s['prompt_token_change']:+.3f}%")
 
         hour_n = int(3 * 3600 * scale)  # 3 requests/s for an hour
         make_mooncake(tmp / "hour.jsonl", hour_n, rate=3.0, mean_tokens=12000, rng=rng)
-        dt, s = timed_build(tmp / "hour.jsonl", tmp / "p_hour")
+        wall, cpu, s = timed_build(tmp / "hour.jsonl", tmp / "p_hour")
         mean_in = s["prompt_tokens_pool"] / s["rows_accepted"]
-        print(f"one-hour trace ({'quick: a tenth of ' if args.quick else ''}3 req/s, mean prompt {mean_in:,.0f} tokens, "
-              f"Mooncake blocks with reuse): pool {dir_mb(tmp / 'p_hour'):.1f} MB on disk "
+        pool = read_pool(tmp / "p_hour")
+        t0 = time.perf_counter()
+        sample = [pool.request(i) for i in range(0, len(pool), max(1, len(pool) // 200))]
+        per_req_ms = (time.perf_counter() - t0) / len(sample) * 1e3
+        print(f"one-hour trace ({'quick: a tenth of ' if args.quick else ''}3 req/s, {hour_n} requests, mean prompt "
+              f"{mean_in:,.0f} tokens, {pool.meta['blocks']} distinct blocks): pool {dir_mb(tmp / 'p_hour'):.1f} MB on disk "
               f"(replay_pool.parquet {(tmp / 'p_hour' / 'replay_pool.parquet').stat().st_size / 1e6:.1f} MB, "
               f"blocks.parquet {(tmp / 'p_hour' / 'blocks.parquet').stat().st_size / 1e6:.1f} MB); "
-              f"trace file {(tmp / 'hour.jsonl').stat().st_size / 1e6:.1f} MB; built in {dt:.1f} s")
+              f"trace file {(tmp / 'hour.jsonl').stat().st_size / 1e6:.1f} MB; built in {wall:.1f} s; "
+              f"assembling a prompt at replay {per_req_ms:.1f} ms")
+
+        n = int(1_500_000 * scale)
+        make_azure(tmp / "big.csv", n, rng)
+        mb = (tmp / "big.csv").stat().st_size / 1e6
+        print(f"bounded memory: building from a {mb:.0f} MB trace ({n} records) peaks at "
+              f"{peak_rss_mb(tmp / 'big.csv', tmp / 'p_big'):.0f} MB resident (the process alone, libraries included)")
         print(f"load average at end {os.getloadavg()[0]:.2f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
