@@ -130,20 +130,22 @@ def test_admin_surface(scripted_server, tmp_path):
     done = threading.Event()
 
     def long_request():
-        client(rs).chat.completions.create(model="d", messages=[{"role": "user", "content": "x"}], max_tokens=40,
+        client(rs).chat.completions.create(model="d", messages=[{"role": "user", "content": "x"}], max_tokens=100,
                                            extra_body={"ignore_eos": True})
         done.set()
 
     t = threading.Thread(target=long_request)
     t.start()
-    time.sleep(0.1)
+    deadline = time.time() + 10
+    while not rs.server.driver.in_flight and time.time() < deadline:
+        time.sleep(0.005)
     busy = requests.post(base + "/flush_cache", timeout=5)
     assert busy.status_code == 400 and "running or waiting" in busy.text and core.flushes == 2
     assert requests.post(base + "/flush_cache?timeout=0.05", timeout=5).status_code == 400
     t_wait = time.perf_counter()
     waited = requests.post(base + "/flush_cache?timeout=10", timeout=15)
     assert waited.status_code == 200 and core.flushes == 3
-    assert time.perf_counter() - t_wait >= 0.05  # it waited for the 40-token request to finish
+    assert time.perf_counter() - t_wait >= 0.05  # it waited for the 100-token request to finish
     t.join(5)
     assert done.is_set()
 
@@ -246,3 +248,16 @@ def test_curl_no_buffer_streams(scripted_server):
     events = [line[6:] for line in out.stdout.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["usage"]["completion_tokens"] == 8
+
+
+def test_streamed_logprobs_and_continuous_usage(scripted_server):
+    rs, _ = scripted_server(ScriptedCore(prefill_s=0.005, decode_s=0.002))
+    s = client(rs).chat.completions.create(
+        model="d", messages=[{"role": "user", "content": "x"}], max_tokens=6, stream=True, logprobs=True,
+        top_logprobs=2, stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True})
+    content = [ch for ch in s if ch.choices and ch.choices[0].delta.content]
+    assert [ch.usage.completion_tokens for ch in content] == [1, 2, 3, 4, 5, 6]
+    for ch in content:
+        (tok,) = ch.choices[0].logprobs.content
+        assert tok.token == ch.choices[0].delta.content and tok.logprob <= 0 and len(tok.top_logprobs) == 2
