@@ -1,0 +1,154 @@
+"""Owns calibration: fit the emulator's efficiency factors to a measured load curve.
+
+Given the load curve of a real endpoint (per load step: arrival rate and latency percentiles, as
+``measure.LoadStep`` / the results lake store them), the same replay pool and server config,
+``calibrate`` replays each step's rate in the virtual-time emulator (noise off, fixed seeds, the
+runner's own schedule builder and step summary) and fits chosen ``Efficiency`` factors by
+bounded non-linear least squares (``scipy.optimize.least_squares``) on log-ratios of predicted to
+measured percentiles. It reports the fitted factors and the remaining error per metric.
+
+Identifiability: decode (TPOT/ITL at low load) is memory-bound and pins ``mbu``; prefill (TTFT of
+long prompts) is compute-bound and pins ``gemm_mfu`` (``moe_mfu`` for MoE models). A per-step
+overhead and ``mbu`` trade off against each other on a single model's load curve (both stretch
+every decode step), so ``step_overhead_s`` is only worth fitting together with step timings from
+a profile or with a second model size. Fit only what the curve can see.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.emulator.noise import NoiseSettings
+from autoresearch_dagster.spec import SpecError
+
+DEFAULT_PARAMS = ("gemm_mfu", "mbu")
+DEFAULT_METRICS = (("ttft_ms", "p50"), ("tpot_ms", "p50"), ("itl_ms", "p50"), ("ttft_ms", "p95"), ("tpot_ms", "p95"))
+BOUNDS = {"gemm_mfu": (0.05, 1.0), "moe_mfu": (0.05, 1.0), "attn_mfu": (0.05, 1.0), "mbu": (0.1, 1.0),
+          "kv_mbu": (0.1, 1.0), "comm_eff": (0.05, 1.0), "step_overhead_s": (1e-5, 0.05),
+          "per_req_overhead_s": (1e-7, 1e-3), "eager_layer_s": (1e-6, 1e-3)}
+
+
+@dataclass
+class CurvePoint:
+    """One measured load step: the arrival rate and latency percentiles in ms ({"ttft_ms": {"p50": ...}, ...})."""
+    rate_rps: float
+    metrics: dict[str, dict[str, float | None]]
+    duration_s: float = 60.0
+    seed: int = 0
+
+
+@dataclass
+class CalibrationResult:
+    efficiency: Efficiency
+    params: dict[str, float]
+    initial_error: dict[str, float]  # metric -> mean |relative error| before fitting
+    error: dict[str, float]  # metric -> mean |relative error| after fitting
+    max_error: dict[str, float]  # metric -> worst |relative error| after fitting
+    n_evals: int
+    success: bool
+    message: str
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "initial_error": self.initial_error, "error": self.error,
+                "max_error": self.max_error, "n_evals": self.n_evals, "success": self.success,
+                "message": self.message, "predictions": self.predictions}
+
+
+def curve_points(steps: list[Any], *, duration_s: float | None = None) -> list[CurvePoint]:
+    """CurvePoints from LoadStep objects or their dicts (the results lake's load-step rows); warm-ups dropped."""
+    out = []
+    for i, s in enumerate(steps):
+        d = s if isinstance(s, dict) else s.to_dict()
+        if d.get("kind") == "warmup" or not d.get("n_ok"):
+            continue
+        metrics = {k: d[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") if isinstance(d.get(k), dict)}
+        dur = duration_s or float(d.get("duration_s") or 60.0)
+        out.append(CurvePoint(float(d["rate_rps"]), metrics, duration_s=dur, seed=i))
+    return out
+
+
+def predict(endpoint: Any, config: dict[str, Any], pool: Any, points: list[CurvePoint], eff: Efficiency) -> list[Any]:
+    """The emulator's LoadStep for each point's rate (noise off; the runner's schedule and summary)."""
+    from autoresearch_dagster.engines.emulator import VirtualDeployment
+    from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
+    from autoresearch_dagster.measure import summarize_step
+
+    out = []
+    for k, p in enumerate(points):
+        dep = VirtualDeployment(endpoint, config, seed=p.seed, noise=NoiseSettings.off(), efficiency=eff,
+                                sample_interval_s=0)
+        offsets = poisson_offsets(p.rate_rps, p.duration_s, seed=p.seed)
+        sched = build_schedule(pool, offsets, model=endpoint.model, seed=p.seed, start_index=k * len(offsets))
+        outcome = dep.run_step(sched, step_id=f"cal{k}", timeout_s=600.0)
+        out.append(summarize_step(outcome, endpoint.sla, rate_rps=p.rate_rps))
+    return out
+
+
+def _residuals(pred: list[Any], points: list[CurvePoint], metrics) -> tuple[np.ndarray, list[str]]:
+    res, names = [], []
+    for st, p in zip(pred, points):
+        for metric, q in metrics:
+            meas = (p.metrics.get(metric) or {}).get(q)
+            got = getattr(st, metric, {}).get(q) if st is not None else None
+            if meas is None or meas <= 0:
+                continue
+            res.append(math.log(max(got or 1e-6, 1e-6) / meas))
+            names.append(f"{metric}.{q}")
+    return np.array(res), names
+
+
+def _summ(res: np.ndarray, names: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    mean: dict[str, list[float]] = {}
+    for r, n in zip(res, names):
+        mean.setdefault(n, []).append(abs(math.expm1(r)))
+    return ({k: float(np.mean(v)) for k, v in mean.items()}, {k: float(np.max(v)) for k, v in mean.items()})
+
+
+def calibrate(endpoint: Any, config: dict[str, Any], pool: Any, points: list[CurvePoint], *,
+              params: tuple[str, ...] = DEFAULT_PARAMS, start: Efficiency | None = None,
+              metrics: tuple[tuple[str, str], ...] = DEFAULT_METRICS, max_evals: int = 60) -> CalibrationResult:
+    """Fit ``params`` of the emulator's Efficiency so its load curve matches ``points``."""
+    if not points:
+        raise SpecError("calibration needs at least one measured load step")
+    unknown = [p for p in params if p not in BOUNDS]
+    if unknown:
+        raise SpecError(f"cannot calibrate {unknown}; choose from {sorted(BOUNDS)}")
+    base = start or Efficiency()
+    x0 = np.log([getattr(base, p) for p in params])
+    lo = np.log([BOUNDS[p][0] for p in params])
+    hi = np.log([BOUNDS[p][1] for p in params])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    evals = [0]
+    names_box: list[list[str]] = [[]]
+
+    def eff_of(x: np.ndarray) -> Efficiency:
+        return base.replace(**{p: float(v) for p, v in zip(params, np.exp(x))})
+
+    def fun(x: np.ndarray) -> np.ndarray:
+        evals[0] += 1
+        r, names = _residuals(predict(endpoint, config, pool, points, eff_of(x)), points, metrics)
+        names_box[0] = names
+        return r
+
+    r0 = fun(x0)
+    if r0.size == 0:
+        raise SpecError("the measured load steps carry none of the metrics to fit "
+                        f"({', '.join(f'{m}.{q}' for m, q in metrics)})")
+    init_mean, _ = _summ(r0, names_box[0])
+    sol = least_squares(fun, x0, bounds=(lo, hi), diff_step=0.05, x_scale=1.0, max_nfev=max_evals, method="trf")
+    eff = eff_of(sol.x)
+    pred = predict(endpoint, config, pool, points, eff)
+    r, names = _residuals(pred, points, metrics)
+    err, worst = _summ(r, names)
+    rows = [{"rate_rps": p.rate_rps, **{f"{m}.{q}": {"measured": (p.metrics.get(m) or {}).get(q),
+                                                      "emulated": getattr(st, m, {}).get(q)} for m, q in metrics}}
+            for p, st in zip(points, pred)]
+    return CalibrationResult(efficiency=eff, params={p: float(getattr(eff, p)) for p in params},
+                             initial_error=init_mean, error=err, max_error=worst, n_evals=evals[0] + 1,
+                             success=bool(sol.success), message=str(sol.message), predictions=rows)

@@ -1,0 +1,36 @@
+"""Calibration recovers known efficiency factors from another emulator configuration's load curve."""
+from __future__ import annotations
+
+import pytest
+
+from autoresearch_dagster.emulator.calibrate import CurvePoint, calibrate, curve_points, predict
+from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.spec import SpecError
+
+from .helpers import endpoint, pool
+
+TRUTH = Efficiency(gemm_mfu=0.45, mbu=0.6, step_overhead_s=0.002)
+
+
+def _measured(ep, p):
+    points = [CurvePoint(rate, {}, duration_s=20.0, seed=i) for i, rate in enumerate((1.0, 4.0, 8.0))]
+    return curve_points(predict(ep, {}, p, points, TRUTH), duration_s=20.0)
+
+
+def test_calibration_recovers_known_factors():
+    ep = endpoint(model="llama-3.1-8b", gpu_name="H100", sla="ttft_p99<=5000ms,tpot_p99<=200ms")
+    p = pool(n=300, prompt_median=2500, prompt_sigma=0.3, output_median=80, output_sigma=0.3, seed=11)
+    measured = _measured(ep, p)
+    res = calibrate(ep, {}, p, measured, start=Efficiency(step_overhead_s=TRUTH.step_overhead_s), max_evals=40)
+    assert res.params["mbu"] == pytest.approx(0.6, rel=0.1)
+    assert res.params["gemm_mfu"] == pytest.approx(0.45, rel=0.15)
+    assert max(res.error.values()) < 0.05
+    assert max(res.initial_error.values()) > 0.15  # the defaults were visibly off before fitting
+
+
+def test_calibration_rejects_unknown_factors_and_empty_curves():
+    ep = endpoint()
+    with pytest.raises(SpecError, match="cannot calibrate"):
+        calibrate(ep, {}, pool(n=10), [CurvePoint(1.0, {"ttft_ms": {"p50": 100.0}})], params=("warp_speed",))
+    with pytest.raises(SpecError, match="at least one"):
+        calibrate(ep, {}, pool(n=10), [])
