@@ -25,6 +25,7 @@ from typing import Any, Callable
 from autoresearch_dagster.emulator.core import EmuRequest, Step, TokenEvent
 
 log = logging.getLogger(__name__)
+MAX_BACKDATE_S = 0.02  # a request's arrival may precede its submission by at most this much
 
 
 class TokenStream:
@@ -83,7 +84,9 @@ class RealtimeDriver:
         return time.monotonic() - self._t0
 
     def _arrival_time(self, received_s: float | None) -> float:
-        t = self.now() if received_s is None else min(received_s, self.now())
+        now = self.now()
+        # backdating covers request parsing, not a long upload the engine could not have overlapped
+        t = now if received_s is None else min(now, max(received_s, now - MAX_BACKDATE_S))
         return min(t, self._heap[0][0]) if self._heap else t
 
     # ---- lifecycle

@@ -230,11 +230,20 @@ def test_client_disconnect_aborts_in_the_core(scripted_server):
                     n += 1
                     if n >= 3:
                         break  # leaving the block closes the connection mid-stream
+    async def go_full():  # non-streaming: the client gives up while the answer is being generated
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2)) as s:
+            with pytest.raises(asyncio.TimeoutError):
+                await s.post(rs.base_url + "/v1/chat/completions",
+                             json={"messages": [{"role": "user", "content": "y"}], "max_tokens": 500,
+                                   "ignore_eos": True})
+
     asyncio.run(go())
+    asyncio.run(go_full())
     deadline = time.time() + 5
-    while not core.aborted and time.time() < deadline:
+    while len(core.aborted) < 2 and time.time() < deadline:
         time.sleep(0.02)
-    assert len(core.aborted) == 1 and not core.running
+    assert len(core.aborted) == 2 and not core.running
+    assert rs.server.counters["sglang:num_aborted_requests_total"] == 2
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
