@@ -289,7 +289,7 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
                                           speedup=settings.shape_speedup, search=True,
                                           interval_s=settings.shape_interval_s, seed=seed)
                 rec.shape = _plain(shape)
-                rec.replay_capacity = float(shape.replay_capacity)
+                rec.replay_capacity = float(shape.replay_capacity or 0.0)
                 if getattr(shape, "valid", True) is False:
                     rec.invalid_reasons += list(getattr(shape, "invalid_reasons", [])) or ["shape replay invalid"]
             if reference_rps is None and reference_fraction and rec.capacity_rps:

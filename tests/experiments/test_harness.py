@@ -221,3 +221,15 @@ def test_promising_undecided_at_the_cap_gets_fresh_runs(endpoint, pool):
     assert "confirmation: pooled" in stages
     assert len([r for r in res.runs if r.purpose == "confirmation"]) == 6
     assert res.verdict in ("better", "same") and (res.verdict == "better") == res.confirmed
+
+
+def test_mode_both_confirms_on_the_production_shape_replay(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.25}), noise_cv=0.01)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(mode="both"), noise_cv=0.01)
+    assert res.verdict == "better" and res.confirmed, res.reason
+    shape_stage = [s for s in res.stages if s["stage"] == "confirmation: production shape"]
+    assert shape_stage and shape_stage[0]["metric"] == "replay_capacity" and shape_stage[0]["ratio_median"] > 1.1
+    conf = [r for r in res.runs if r.purpose == "confirmation"]
+    assert all(r.replay_capacity and r.capacity_rps for r in conf)
+    assert all(r.replay_capacity is None for r in res.runs if r.purpose == "experiment")
