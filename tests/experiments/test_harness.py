@@ -233,3 +233,38 @@ def test_mode_both_confirms_on_the_production_shape_replay(endpoint, pool):
     conf = [r for r in res.runs if r.purpose == "confirmation"]
     assert all(r.replay_capacity and r.capacity_rps for r in conf)
     assert all(r.replay_capacity is None for r in res.runs if r.purpose == "experiment")
+
+
+def test_real_emulator_runs_record_steps_and_catch_drift(endpoint, pool, tmp_path):
+    """The emulator engine end to end through the harness, with drift injected into its server_info."""
+    from autoresearch_dagster.engines import make_engine
+
+    ep = endpoint.model_copy(update={"model": "gemma-moe-26b-a4b", "hardware": endpoint.hardware.model_copy(
+        update={"count": 1}), "sla": endpoint.sla.parse("ttft_p99<=3000ms,tpot_p99<=60ms")})
+    emu = make_engine(ep)
+
+    class Drifting:
+        name, restartable = "emulator", True
+
+        def deploy(self, config, *, seed=0):
+            dep = emu.deploy(config, seed=seed)
+            if config.get("chunked_prefill_size") == 2048:
+                info = dep.server_info()
+                dep.server_info = lambda: {**info, "chunked_prefill_size": 8192}
+            return dep
+
+        def version(self):
+            return emu.version()
+
+    lake = open_lake(tmp_path / "lake")
+    small = HarnessSettings(capacity=CapacitySettings(step_duration_s=10, min_completed=10, warmup_s=0,
+                                                      resolution=0.05, start_rps=2.0), warmup_requests=2)
+    res = run_experiment(ep, {}, {"chunked_prefill_size": 2048}, pool, engine=Drifting(), results=lake,
+                         settings=small)
+    assert res.verdict == "invalid" and [r.arm for r in res.runs] == ["baseline", "candidate"]
+    assert "config drift: chunked_prefill_size resolved to 8192, requested 2048" in res.invalid_reasons
+    base = res.runs[0]
+    assert base.valid and base.capacity_rps > 0 and base.engine_version.startswith("emulator")
+    n_steps = lake.query("SELECT count(*) FROM load_steps WHERE run_id = ?", [base.run_id])[0][0]
+    assert n_steps == len(base.steps) >= 3
+    assert lake.query("SELECT verdict FROM experiments") == [("invalid",)]
