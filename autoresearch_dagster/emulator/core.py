@@ -26,11 +26,10 @@ Modelled after SGLang 0.5.23's scheduler (``managers/scheduler.py``, ``schedule_
 """
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -685,7 +684,6 @@ class EngineCore:
         self._finished: list[_Req] = []
         self._profiling = False
         self._profile_steps: list[Step] = []
-        self._free_heap: list[tuple[float, int]] = []
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: EmuRequest, now: float) -> None:

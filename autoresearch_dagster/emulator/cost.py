@@ -16,7 +16,6 @@ weights and a large batch reads nearly all of them (why MoE decode is costlier p
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from autoresearch_dagster.emulator.catalog import GiB, GPUSpec, ModelCard

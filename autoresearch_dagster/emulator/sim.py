@@ -162,8 +162,6 @@ def simulate(core: EngineCore, requests: list[EmuRequest], *, sample_interval_s:
         results.append(RequestResult(r.rid, r.arrival, r.first_s, None, int(counts.sum()) if len(counts) else 0,
                                      r.cached_reported, "timeout", "deadline", times, counts))
     core.pop_finished()
-    for rq in reqs:
-        core._by_rid.pop(rq.rid, None)
     if math.isfinite(deadline) and len(results) > len(done_ids):
         end_t = max(end_t, deadline)
     return SimResult(results, samples, t0, end_t, time.perf_counter() - wall0,
