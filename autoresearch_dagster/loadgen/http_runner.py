@@ -1,8 +1,9 @@
 """Owns the open-loop HTTP runner: ``HttpDeployment`` executes load steps against any OpenAI-compatible URL.
 
 Pacing is on absolute deadlines: request i leaves at ``t0 + send_offset_s`` on the shared monotonic
-clock. The dispatcher sleeps until shortly before each deadline (event-loop timers wake ~1 ms late)
-and then yields to the loop until the deadline passes, so lateness never accumulates. Requests are
+clock. The dispatcher sleeps until shortly before each deadline (event-loop timers have ~1 ms
+granularity and wake up to 1 ms early or late), then yields to the loop until the deadline passes
+(napping 100 us at a time when the loop has nothing else to do), so lateness never accumulates. Requests are
 independent tasks on one pooled aiohttp session; nothing waits for earlier responses (open loop).
 
 Every request ends in exactly one record (ok / error / timeout) with its intended and actual send
@@ -17,6 +18,7 @@ schedule is split by index across processes, each with its own loop, all pacing 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -42,6 +44,7 @@ except ImportError:  # pragma: no cover - non-Linux
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _IDLE_YIELD_S = 50e-6  # a yield that returned faster than this ran nothing else: pure spinning
+_IDLE_NAP_S = 100e-6  # then nap this long (a blocking sleep) rather than spin
 
 
 @dataclass
@@ -50,7 +53,7 @@ class RunnerSettings:
     first_token_timeout_s: float | None = None  # None: the step's per-request timeout
     max_send_lag_p99_s: float = 0.010  # above: step invalid (client fell behind its schedule)
     max_cpu_busy: float = 0.90  # above: step invalid (client core saturated)
-    pace_margin_s: float = 0.0012  # wake this long before a deadline, then yield until it passes
+    pace_margin_s: float = 0.0005  # wake this long before a deadline, then yield until it passes
     workers: int = 1
     # Run the pacing loop in its own process even with one worker. None: automatically when other
     # threads are alive in this process (e.g. a server started in a thread): they share the GIL,
@@ -154,6 +157,18 @@ class _Executor:
             pass
 
     async def _run(self, t0: float) -> dict[str, Any]:
+        # A full garbage collection in the middle of the step stalls the pacer for tens of ms; the
+        # step's objects are freed by reference counting, so collect now and pause the collector.
+        gc_enabled = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            return await self._run_paced(t0)
+        finally:
+            if gc_enabled:
+                gc.enable()
+
+    async def _run_paced(self, t0: float) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         self.t0 = t0
         states = [_State(j) for j in self.jobs]
@@ -167,12 +182,15 @@ class _Executor:
             delay = deadline - perf() - margin
             if delay > 0:
                 await asyncio.sleep(delay)
-            while perf() < deadline:
+            while (remaining := deadline - perf()) > 0:
                 a = perf()
                 await asyncio.sleep(0)
                 d = perf() - a
                 if d < _IDLE_YIELD_S:
+                    # Nothing else ran: the loop is idle, so block for a few microseconds instead of
+                    # burning the core (I/O waits at most this long; TTFTs are milliseconds).
                     self.spin_idle_s += d
+                    time.sleep(min(remaining, _IDLE_NAP_S))
             tasks.append(loop.create_task(self._send(st)))
         send_wall = max(perf() - wall0, 1e-9)
         send_cpu = time.thread_time() - cpu0
@@ -192,7 +210,7 @@ class _Executor:
         wall = max(perf() - wall0, 1e-9)
         cpu = time.thread_time() - cpu0
         return {
-            "records": [asdict(self._record(st)) for st in states],
+            "records": [vars(self._record(st)) for st in states],
             "retry_after": [st.retry_after for st in states if st.retry_after is not None],
             "cpu_busy_send": max(0.0, send_cpu - self.spin_idle_s) / send_wall,
             "cpu_busy": max(0.0, cpu - self.spin_idle_s) / wall,
@@ -236,8 +254,8 @@ class _Executor:
                     if tr.first_content_t is not None and st.handles[0] is not None:
                         st.handles[0].cancel()
                         st.handles[0] = None
-                    if tr.error is not None or tr.done:
-                        break
+                    if tr.error is not None:
+                        break  # after [DONE] keep reading to the end, so the connection is reused
                 for ev in dec.finish():
                     tr.on_event(ev, perf() - t0)
             self._classify_stream(st)

@@ -75,3 +75,25 @@ def test_single_newline_separated_events_and_unterminated_last_event():
     evs = dec.feed(b'data: {"a":1}\ndata: {"b":2}\ndata: [DONE]')
     evs += dec.finish()
     assert evs == [b'{"a":1}', b'{"b":2}', b"[DONE]"]
+
+
+def test_fast_path_agrees_with_json_decoding():
+    cases = [b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}',
+             b'{"choices": [{"index": 0, "delta": {"content": "hi"}}]}',
+             b'{"choices":[{"index":0,"delta":{"content":""}}]}',
+             b'{"choices":[{"index":0,"delta":{"content":null}}]}',
+             b'{"choices":[{"index":0,"delta":{"reasoning_content":"r"}}]}',
+             b'{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":7}}',
+             b'{"choices":[{"delta":{"content":"a"',  # truncated: not the fast path
+             b'{"error":{"message":"content":"x"}}']
+    for data in cases:
+        fast = StreamTracker()
+        fast.on_event(data, 1.0)
+        try:
+            obj = json.loads(data)
+            expected = 1 if any((c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("reasoning_content")
+                                for c in obj.get("choices", [])) else 0
+        except ValueError:
+            expected = 0
+            assert fast.n_malformed == 1, data
+        assert fast.n_content == expected, data
