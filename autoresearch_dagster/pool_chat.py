@@ -94,9 +94,11 @@ _worker: dict[str, Any] = {}
 
 
 def init_worker(key: bytes, tokenizer_path: str | None) -> None:
-    _worker["redactor"] = Redactor(key)
     name, fn = get_counter(tokenizer_path)
-    _worker["counter"] = None if name == APPROX_NAME else fn
+    exact = None if name == APPROX_NAME else fn
+    # class-preserving surrogates keep the approx count already; an exact tokenizer gets matched candidates
+    _worker["redactor"] = Redactor(key, counter=exact)
+    _worker["counter"] = exact
     _worker["key"] = key
 
 

@@ -28,7 +28,7 @@ import math
 import os
 import re
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 KEY_ENV = "AUTORESEARCH_REDACTION_KEY"
 PII_TYPES = ("email", "phone", "card", "iban", "ssn", "ipv4", "ipv6", "url_secret", "api_key", "person", "address")
@@ -63,6 +63,12 @@ _SUR_STREET = sorted("Maple Cedar Birch Aspen Willow Spruce Juniper Magnolia Che
                      "Poplar Laurel Sycamore Holly Ivy Fern Sage Hazel Orchard Meadow Ridge Brook River Harbor Lincoln "
                      "Franklin Jefferson Riverside Greenwood Lakeshore Evergreen Cottonwood Brookfield Springdale "
                      "Wildflower Blackberry Huckleberry".split())
+
+# Common lower-case words (and names) for e-mail surrogates: tokenizers split them like real addresses.
+_SUR_WORDS = sorted({w.lower() for w in _SUR_FIRST + _SUR_LAST + _SUR_STREET} | set(
+    "mail info team admin sales hello office news alpha beta delta gamma north south east west river lake "
+    "stone field house home work mail post data cloud tech group media labs global online service support "
+    "contact center market store shop trade print press studio design health care first".split()))
 
 _HONORIFIC = re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Madam|Mme|Herr|Frau)\.?\s+"
                         r"([A-Z][a-z]+(?:[ -][A-Z][a-z]+)?)")
@@ -324,11 +330,16 @@ def find_pii(text: str) -> list[Span]:
 class Redactor:
     """Redacts strings and request structures; keeps per-type counts of replaced occurrences."""
 
-    def __init__(self, key: bytes | None = None, *, max_cache: int = 200_000):
+    def __init__(self, key: bytes | None = None, *, counter: Callable[[str], int] | None = None,
+                 tries: int = 12, max_cache: int = 200_000):
+        """``counter``: the serving tokenizer's count; when given, each surrogate is drawn (up to
+        ``tries`` keyed candidates) to have the original value's token count, else the closest."""
         if key is None:
             env = os.environ.get(KEY_ENV)
             key = env.encode() if env else os.urandom(32)
         self._key = key
+        self._counter = counter
+        self._tries = tries
         self.counts: Counter[str] = Counter()
         self._sur: dict[tuple[str, str], str] = {}
         self._text_cache: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
@@ -371,7 +382,26 @@ class Redactor:
         hit = self._sur.get(key)
         if hit is not None:
             return hit
-        st = self._stream(kind, norm, max(32, 2 * len(value)))
+        s = self._candidate(kind, value, norm, 0)
+        if self._counter is not None:  # counted after a space, as values mostly appear in running text
+            target = self._counter(" " + value)
+            best, best_d = s, abs(self._counter(" " + s) - target)
+            for k in range(1, self._tries):
+                if best_d == 0:
+                    break
+                cand = self._candidate(kind, value, norm, k)
+                d = abs(self._counter(" " + cand) - target)
+                if d < best_d:
+                    best, best_d = cand, d
+            s = best
+        if len(self._sur) >= self._max_cache:
+            self._sur.clear()
+        self._sur[key] = s
+        return s
+
+    def _candidate(self, kind: str, value: str, norm: str, k: int) -> str:
+        """The k-th keyed surrogate candidate for a value (k = 0 unless matching a tokenizer's count)."""
+        st = self._stream(kind if k == 0 else f"{kind}#{k}", norm, max(32, 2 * len(value)))
         if kind == "card":
             s = value[0] + self._scramble(value[1:], st)
             digits = re.sub(r"\D", "", s)
@@ -402,17 +432,29 @@ class Redactor:
             s = self._names(value, st, [_SUR_FIRST] + [_SUR_LAST] * 4)
         elif kind == "address":
             s = self._address(value, st)
-        else:  # email, phone, url_secret: class-preserving
+        elif kind == "email":  # letter runs become words of the same length; the TLD stays
+            local, _, domain = value.rpartition("@")
+            host, _, tld = domain.rpartition(".")
+            s = f"{self._wordy(local, st)}@{self._wordy(host, st[7:] + st[:7])}.{tld}"
+        else:  # phone, url_secret: class-preserving
             s = self._scramble(value, st)
-            if kind == "email":  # keep the top-level domain so it stays a plausible address
-                tld = value.rsplit(".", 1)[-1]
-                s = s[: len(s) - len(tld)] + tld
         if s == value:  # vanishingly rare; make sure nothing passes through unchanged
             s = self._scramble(value, self._stream(kind + "!", norm, max(32, 2 * len(value))))
-        if len(self._sur) >= self._max_cache:
-            self._sur.clear()
-        self._sur[key] = s
         return s
+
+    def _wordy(self, value: str, st: bytes) -> str:
+        """Letter runs -> same-length common words (keeps case shape), digits scrambled, rest kept."""
+        out = []
+        for i, run in enumerate(re.split(r"([^\W\d_]+)", value)):
+            if run and run[0].isalpha():
+                w = self._pick(_SUR_WORDS, run.lower(), st[i % len(st)] * 256 + st[(i + 3) % len(st)])
+                if not w:
+                    out.append(self._scramble(run, st[i:] + st[:i]))
+                    continue
+                out.append(w.upper() if run.isupper() and len(run) > 1 else (w.capitalize() if run[0].isupper() else w))
+            else:
+                out.append(self._scramble(run, st[i:] + st[:i]))
+        return "".join(out)
 
     def _names(self, value: str, st: bytes, lists: list[list[str]]) -> str:
         parts = re.split(r"([ \t\r\n-]+)", value)

@@ -69,3 +69,38 @@ def test_cli_build_and_fidelity(tmp_path, capsys):
                  str(tmp_path / "p2")]) == 2
     err = capsys.readouterr().err
     assert "empty" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "p2").exists()
+
+
+def test_exact_tokenizer_counts_and_is_recorded(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from autoresearch_dagster.tokens import render_prompt
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    corpus = [json.loads(l)["request"]["messages"][0]["content"] for l in
+              (ROOT / "examples/logs/demo_chat.jsonl").read_text().splitlines()[:50]]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["[UNK]"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    log = write_lines(tmp_path / "l.jsonl", [chat_line(1000.0 + i, content=f"Question {i}: mail ann{i}@example.com")
+                                             for i in range(20)])
+    res = build_pool([log], "t", tmp_path / "pool", workers=1, tokenizer_path=str(tmp_path / "tokenizer.json"))
+    pool = read_pool(res.pool_path)
+    assert pool.meta["token_counter"] == f"hf:{tmp_path / 'tokenizer.json'}"
+    for i in range(len(pool)):
+        r = pool.request(i)
+        assert r.prompt_tokens == len(tok.encode(render_prompt(r.messages, r.tools), add_special_tokens=False).ids)
+    assert res.summary["redactions"]["email"] == 20
+    assert abs(res.summary["prompt_token_change"]) < 0.05
+
+
+def test_several_files_and_mixed_kinds(tmp_path):
+    from autoresearch_dagster.spec import SpecError
+
+    a = write_lines(tmp_path / "a.jsonl", [chat_line(1000.0 + i) for i in range(5)])
+    b = write_lines(tmp_path / "b.jsonl", [chat_line(1010.0 + i) for i in range(5)])
+    res = build_pool([a, b], "t", tmp_path / "pool", workers=1)
+    assert res.summary["rows_accepted"] == 10 and read_pool(res.pool_path).column("arrival_s")[-1] == 14.0
+    with pytest.raises(SpecError, match="cannot mix"):
+        build_pool([a, ROOT / "examples/traces/azure_sample.csv"], "t", tmp_path / "p2", workers=1)
