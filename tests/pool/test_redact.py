@@ -140,3 +140,10 @@ def test_demo_pool_token_change_below_one_percent_and_schemas_kept(demo_pool):
     pool_tools = {json.dumps(pool.request(i).tools) for i in range(len(pool)) if pool.request(i).tools}
     pool_rf = {json.dumps(pool.request(i).response_format) for i in range(len(pool)) if pool.request(i).response_format}
     assert src_tools and src_tools <= pool_tools and src_rf and src_rf <= pool_rf
+
+
+def test_demo_pii_free_system_prompts_stay_byte_identical(demo_pool):
+    source_systems = {json.loads(l)["request"]["messages"][0]["content"] for l in DEMO.read_text().splitlines()}
+    pool = read_pool(demo_pool.pool_path)
+    pool_systems = {pool.request(i).messages[0]["content"] for i in range(len(pool))}
+    assert len(source_systems) == 5 and pool_systems == source_systems
