@@ -175,12 +175,15 @@ class ResultsLake:
         if not table.replace("_", "").isalnum():
             raise SpecError(f"results lake: invalid table name {table!r}")
         self.ensure()
+        new_table = table not in TABLES and not self.table_dir(table).exists()
         clean = [{k: _jsonable(v) for k, v in r.items() if k != "endpoint"} for r in rows]
         arrow = _to_arrow(clean, TABLES.get(table))
         part = self.table_dir(table) / f"endpoint={endpoint}"
         part.mkdir(parents=True, exist_ok=True)
         target = part / f"part-{uuid.uuid4().hex}.parquet"
         _atomic_write(arrow, target)
+        if new_table:
+            self.refresh_views()  # a table outside the declared schema gets its view on first write
         return target
 
     def view_sql(self) -> list[str]:

@@ -113,11 +113,10 @@ def test_writer_works_while_an_analyst_holds_the_file_open(tmp_path):
         analyst.close()
 
 
-def test_unknown_tables_get_a_view_after_refresh(tmp_path):
+def test_unknown_tables_get_a_view_on_first_write(tmp_path):
     lake = ResultsLake(tmp_path / "lake")
     lake.append("findings", [{"finding_id": "f1", "kind": "workload", "title": "long prompts",
                               "detail_json": {"p50": 1}}], endpoint="demo")
     lake.append("custom_table", [{"x": 1}], endpoint="demo")
-    lake.refresh_views()
     assert lake.query("SELECT title FROM findings") == [("long prompts",)]
     assert lake.query("SELECT x, endpoint FROM custom_table") == [(1, "demo")]
