@@ -62,7 +62,7 @@ SCENARIOS: list[Scenario] = [
              "a 32B dense model filling one H100's small KV pool with long contexts",
              "qwen2.5-32b", "H100", "ttft_p99<=6000ms,tpot_p99<=100ms,errors<=1%",
              {},
-             (Mix(1.0, 3000, 900),), rate_rps=1.0, n_requests=300),
+             (Mix(1.0, 3500, 400),), rate_rps=1.0, n_requests=300),
     Scenario("cuda_graph_coverage", "cuda_graph_coverage",
              "large decode batches above a small CUDA-graph max batch size",
              "llama-3.1-8b", "H100", "ttft_p99<=3000ms,tpot_p99<=25ms,errors<=1%",

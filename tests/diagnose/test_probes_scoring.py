@@ -98,8 +98,8 @@ def _features(**kw):
 
 
 @pytest.mark.parametrize("changes,expected", [
-    ({"m.token_usage_max": 0.99, "m.retractions": 40.0}, "kv_capacity"),
-    ({"m.share_at_running_cap": 0.95, "m.token_usage_max": 0.4}, "admission_limit"),
+    ({"m.token_usage_max": 0.99, "m.retractions": 40.0, "m.usage_when_queued": 0.95}, "kv_capacity"),
+    ({"m.at_cap_when_queued": 0.95, "m.share_at_running_cap": 0.6, "m.token_usage_max": 0.4}, "admission_limit"),
     ({"m.share_above_graph_bs": 0.9, "c.per_token_regime": 1.0, "c.breaks_ttft": 0.0, "c.breaks_tpot_itl": 1.0},
      "cuda_graph_coverage"),
     ({"w.prefix_hit_rate": 0.7, "m.cache_hit_rate": 0.0}, "missed_prefix_reuse"),

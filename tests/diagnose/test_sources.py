@@ -57,6 +57,7 @@ def test_timeseries_queue_growth_and_caps():
     st = analyze_timeseries(rows, {"max_running_requests": 64, "cuda_graph_max_bs_decode": 32})
     assert st.queue_slope_per_s == pytest.approx(2.0)
     assert st.share_at_running_cap == 1.0 and st.share_above_graph_bs == 1.0
+    assert st.at_cap_when_queued == 1.0 and st.usage_when_queued == pytest.approx(0.4)
     assert st.cache_hit_rate == pytest.approx(0.25)
     assert st.retractions == 0.0
     calm = analyze_timeseries(_series(30, lambda i: 0, lambda i: 8, lambda i: 0.98, retract_per=2.0),
@@ -64,6 +65,9 @@ def test_timeseries_queue_growth_and_caps():
     assert calm.queue_slope_per_s == pytest.approx(0.0) and calm.share_at_running_cap == 0.0
     assert calm.share_above_graph_bs == 0.0 and calm.token_usage_max == pytest.approx(0.98)
     assert calm.retractions == pytest.approx(58.0)
+    # Waiting requests while the batch is small and memory full: not the cap.
+    mem = analyze_timeseries(_series(20, lambda i: 3, lambda i: 10, lambda i: 0.99), {"max_running_requests": 64})
+    assert mem.at_cap_when_queued == 0.0 and mem.usage_when_queued == pytest.approx(0.99)
     # Scraped texts work the same way as dicts.
     from_text = analyze_timeseries([METRICS_TEXT, METRICS_TEXT])
     assert from_text.queue_mean == 10.0 and from_text.token_usage_max == pytest.approx(0.8)
@@ -132,3 +136,17 @@ def test_curve_queueing_vs_per_token():
     b = analyze_curve(per_token, sla)
     assert b.regime == "per_token" and b.first_broken == ["tpot"] and b.itl_tail_ratio == pytest.approx(20.0)
     assert analyze_curve({"capacity_rps": None, "steps": []}).regime == "none"
+
+
+def test_emulator_metrics_exposition_round_trips():
+    emu = pytest.importorskip("autoresearch_dagster.engines.emulator")
+    from autoresearch_dagster.spec import EndpointSpec
+
+    ep = EndpointSpec(name="m", model="llama-3.1-8b", hardware={"gpu": "H100", "count": 1},
+                      sla="ttft_p99<=1000ms", engine="emulator")
+    dep = emu.EmulatorEngine(ep).deploy({"max_running_requests": 32})
+    snap = snapshot(dep.metrics_text())
+    assert snap["sglang:num_running_reqs"] == 0.0 and "sglang:token_usage" in snap
+    cfg = dep.server_info()
+    st = analyze_timeseries([dep.metrics_text()], cfg)
+    assert st.max_running_requests == 32 and st.cuda_graph_max_bs == cfg["cuda_graph_max_bs_decode"]
