@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from autoresearch_dagster.emulator.catalog import gpu, model_card
+from autoresearch_dagster.emulator.core import EmuRequest
 from autoresearch_dagster.emulator.cost import CostModel, Efficiency
 from autoresearch_dagster.emulator.sim import simulate
 from autoresearch_dagster.emulator.workloads import MemoryPool
@@ -90,6 +91,24 @@ def test_cached_tokens_skip_prefill_and_are_reported():
     m = c.metrics()
     assert m["sglang:cached_tokens_total"] == 60 * 64
     assert m["sglang:prompt_tokens_total"] == 2 * 4096
+
+
+def test_lpm_serves_shared_prefixes_first_and_avoids_duplicate_prefills():
+    burst = []
+    for g in range(8):  # 8 uncached 4096-token prefixes, 8 requests each, interleaved in one burst
+        for j in range(8):
+            hashes = [hash(("grp", g, b)) for b in range(64)] + [hash(("own", g, j, b)) for b in range(8)]
+            burst.append(EmuRequest(f"g{g}-{j}", 4608, 20, hashes, 64, 0.0))
+    random.Random(1).shuffle(burst)
+    for i, r in enumerate(burst):
+        r.arrival_s = i * 0.001
+    ttft, cached = {}, {}
+    for policy in ("fcfs", "lpm"):
+        res = simulate(core({"schedule_policy": policy}), burst)
+        ttft[policy] = np.mean([r.ttft_s for r in res.requests])
+        cached[policy] = res.final_metrics["sglang:cached_tokens_total"]
+    assert ttft["lpm"] < 0.8 * ttft["fcfs"]
+    assert cached["lpm"] > cached["fcfs"]
 
 
 # ------------------------------------------------------------------ speculative decoding
