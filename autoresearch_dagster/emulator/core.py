@@ -577,7 +577,8 @@ class _Replica:
             r = self.waiting.popleft()
             r.status, r.error = "error", "request does not fit in the KV cache"
             self.core._finished.append(r)
-            return start, 0.0, "reject", StepCost(), None
+            build = (lambda: [TokenEvent(r.rid, 0, True, None, r.error)]) if want_events else None
+            return start, 0.0, "reject", StepCost(), build
         else:
             self.busy_until = start + 0.001
             return start, 0.001, "idle", StepCost(cpu_s=0.001), None

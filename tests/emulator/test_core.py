@@ -150,3 +150,13 @@ def test_requests_past_the_timeout_are_reported_as_timeouts():
     sched = [ScheduledRequest("long", 0.0, "chat", {}, 500, 4000, [], 64)]
     out = dep.run_step(sched, step_id="t", timeout_s=2.0)
     assert out.records[0].status == "timeout" and out.records[0].error_class == "timeout"
+
+
+def test_a_request_larger_than_the_kv_pool_is_rejected_with_an_event():
+    c = core({"mem_fraction_static": 0.36})  # a few thousand KV tokens after the weights
+    cap = c.resolved.max_total_num_tokens
+    c.add_request(reqs(1, cap + 10, 5, prefix="big")[0], 0.0)
+    step = c.next_step(0.0)
+    assert step.kind == "reject"
+    assert [(e.rid, e.finished, e.error) for e in step.events] == [("big0", True, "request does not fit in the KV cache")]
+    assert c.next_step(0.0) is None
