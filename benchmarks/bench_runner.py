@@ -175,7 +175,7 @@ def main() -> int:
     args = ap.parse_args()
     global RT
     RT = args.rt
-    ours_rates = [250, 500, 1000, 1500] if args.quick else [250, 500, 1000, 1250, 1500, 2000, 2500]
+    ours_rates = [250, 500, 1000, 1500] if args.quick else [250, 500, 1000, 1250, 1500, 1750, 2000, 2500]
     sg_rates = [10, 50, 200] if args.quick else [10, 25, 50, 100, 200, 400]
     have_sglang = SGLANG_PY.exists() and not args.skip_sglang
     os.sched_setaffinity(0, {CLIENT_CORE})

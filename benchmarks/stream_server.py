@@ -2,7 +2,7 @@
 
 Each completion streams ``--chunks`` one-token SSE chunks (default 64; ``max_tokens`` in the body
 overrides), the first after ``--ttft-ms``, the rest ``--gap-ms`` apart (0: back to back), then a usage
-chunk and ``[DONE]``. It logs every request's arrival time (CLOCK_MONOTONIC, the clock the clients
+chunk and ``[DONE]`` (with no gap, all chunk events go out in one write). It logs every request's arrival time (CLOCK_MONOTONIC, the clock the clients
 pace on) with its ``X-Request-Id``; ``GET /_arrivals`` returns the log and clears it. ``--core N``
 pins the process to one CPU. Prints ``PORT <n>`` once listening.
 
@@ -96,6 +96,10 @@ class Conn(asyncio.Protocol):
         framed = _framed(chunk)
         if self.s.ttft_s > 0:
             await asyncio.sleep(self.s.ttft_s)
+        if self.s.gap_s <= 0:  # back to back: the same 64 chunk events, written in one syscall
+            if self.transport is not None:
+                self.transport.write(framed * n + self._tail(n))
+            return
         for i in range(n):
             if self.transport is None:
                 return
@@ -104,10 +108,14 @@ class Conn(asyncio.Protocol):
                 if self.transport is None:
                     return
             self.transport.write(framed)
+        if self.transport is not None:
+            self.transport.write(self._tail(n))
+
+    @staticmethod
+    def _tail(n: int) -> bytes:
         usage = json.dumps({"id": "b", "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n,
                                                                 "total_tokens": 8 + n}}).encode()
-        if self.transport is not None:
-            self.transport.write(_framed(b"data: " + usage + b"\n\n") + _framed(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return _framed(b"data: " + usage + b"\n\n") + _framed(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
 async def main() -> None:
