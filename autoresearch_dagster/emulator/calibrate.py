@@ -61,13 +61,24 @@ class CalibrationResult:
 
 
 def curve_points(steps: list[Any], *, duration_s: float | None = None) -> list[CurvePoint]:
-    """CurvePoints from LoadStep objects or their dicts (the results lake's load-step rows); warm-ups dropped."""
+    """CurvePoints from LoadStep objects, their dicts, or the results lake's flat ``load_steps`` rows
+    (``ttft_p50_ms``, ...). Warm-ups, steps with nothing completed and invalid steps are dropped."""
     out = []
     for i, s in enumerate(steps):
         d = s if isinstance(s, dict) else s.to_dict()
-        if d.get("kind") == "warmup" or not d.get("n_ok"):
+        if d.get("kind") == "warmup" or d.get("n_ok") == 0 or d.get("valid") is False:
             continue
-        metrics = {k: d[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") if isinstance(d.get(k), dict)}
+        metrics: dict[str, dict[str, float | None]] = {}
+        for m in ("ttft", "tpot", "itl", "e2e"):
+            nested = d.get(f"{m}_ms")
+            if isinstance(nested, dict):
+                metrics[f"{m}_ms"] = nested
+            else:
+                flat = {q: d.get(f"{m}_{q}_ms") for q in ("p50", "p95", "p99")}
+                if any(v is not None for v in flat.values()):
+                    metrics[f"{m}_ms"] = flat
+        if not metrics:
+            continue
         dur = duration_s or float(d.get("duration_s") or 60.0)
         out.append(CurvePoint(float(d["rate_rps"]), metrics, duration_s=dur, seed=i))
     return out

@@ -34,3 +34,15 @@ def test_calibration_rejects_unknown_factors_and_empty_curves():
         calibrate(ep, {}, pool(n=10), [CurvePoint(1.0, {"ttft_ms": {"p50": 100.0}})], params=("warp_speed",))
     with pytest.raises(SpecError, match="at least one"):
         calibrate(ep, {}, pool(n=10), [])
+
+
+def test_curve_points_read_load_steps_and_lake_rows():
+    lake_row = {"kind": "capacity", "rate_rps": 3.0, "ttft_p50_ms": 120.0, "ttft_p95_ms": 300.0, "ttft_p99_ms": None,
+                "tpot_p50_ms": 20.0, "valid": True, "duration_s": 60.0}
+    nested = {"kind": "capacity", "rate_rps": 5.0, "n_ok": 10, "ttft_ms": {"p50": 150.0}, "duration_s": 30.0}
+    skipped = [{"kind": "warmup", "rate_rps": 1.0, "ttft_p50_ms": 1.0}, {"kind": "capacity", "rate_rps": 2.0, "valid": False,
+                                                                        "ttft_p50_ms": 1.0}]
+    pts = curve_points([lake_row, nested, *skipped])
+    assert [p.rate_rps for p in pts] == [3.0, 5.0]
+    assert pts[0].metrics["ttft_ms"]["p95"] == 300.0 and pts[0].metrics["tpot_ms"]["p50"] == 20.0
+    assert pts[1].metrics["ttft_ms"] == {"p50": 150.0} and pts[1].duration_s == 30.0
