@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-from array import array
 import os
 import time
 from collections import Counter, deque
@@ -287,8 +286,9 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
     else:
         block_tokens = CHAT_BLOCK_TOKENS
 
-    source_stats, pool_stats = WorkloadStats(), WorkloadStats()
-    serving_prompt_tokens = array("q")  # the serving split's prompt lengths, for its KS check
+    windows = tuple(thresholds.idc_windows_s)
+    source_stats, pool_stats = WorkloadStats(windows=windows), WorkloadStats(windows=windows)
+    serving = WorkloadStats(windows=())  # the serving split, for its prompt-length KS check
     if kind == "trace":
         pool_stats.cache = source_stats.cache  # the pool's block_hashes are the source's hash ids, verbatim
     rejected: list[dict] = []
@@ -325,7 +325,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
                              row["block_hashes"] if src["hashes"] is None else src["hashes"], latency)
             pool_stats.add(offset, n_pool, n_out, row["block_hashes"], latency)
             if row["split"] == "serving":
-                serving_prompt_tokens.append(n_pool)
+                serving.add(offset, n_pool, n_out)
             writer.add_row(row)
             src_tokens_total += src["prompt_tokens"]
             pool_tokens_total += n_pool
@@ -342,7 +342,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             source_stats.add_many(ch.ts, ch.n_in, ch.n_out, ch.hash_values, unique)
             pool_stats.add_many(offsets, ch.n_in, ch.n_out)  # shares the source's prefix cache (same ids)
             serve = ~training
-            serving_prompt_tokens.frombytes(np.ascontiguousarray(ch.n_in[serve], np.int64).tobytes())
+            serving.add_many(offsets[serve], ch.n_in[serve], ch.n_out[serve])
             trace_rows.add(ch, offsets, training, unique)
             total = int(ch.n_in.sum())
             src_tokens_total += total
@@ -393,7 +393,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             extra["synthesis.token_count_exact"] = trace_rows.synthesis_check()
         if len(source_stats) >= thresholds.min_split_requests:  # the serving split (what replays) vs the source
             extra["serving_split.prompt_tokens.ks"] = ks_check("serving_split.prompt_tokens.ks",
-                                                                source_stats.prompt_tokens, serving_prompt_tokens,
+                                                                source_stats.prompt_tokens, serving.prompt_tokens,
                                                                 thresholds.ks_max)
         else:
             extra["serving_split.prompt_tokens.ks"] = {

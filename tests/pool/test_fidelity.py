@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from autoresearch_dagster.fidelity import FidelityThresholds, WorkloadStats, compare
 
@@ -56,3 +57,42 @@ def test_thresholds_are_configurable():
     assert not compare(_stats(arr, prompt, out, hashes, lat), pool)["passed"]  # mean off by 3% > 2%
     loose = FidelityThresholds(ks_max=0.2, p50_tol=0.05, p99_tol=0.1, mean_tol=0.05)
     assert compare(_stats(arr, prompt, out, hashes, lat), pool, loose)["passed"]
+
+
+def test_bounded_memory_statistics_track_the_exact_ones():
+    from autoresearch_dagster.fidelity import PrefixCache, summarize
+
+    arr, prompt, out, hashes, lat = _workload(n=20000)
+    exact, small = WorkloadStats(), WorkloadStats(max_samples=2000)
+    small.cache = PrefixCache(max_tracked=3000)
+    for ws in (exact, small):
+        for i in range(len(arr)):
+            ws.add(float(arr[i]), int(prompt[i]), int(out[i]), hashes[i], float(lat[i]))
+    se, ss = summarize(exact), summarize(small)
+    assert len(small.prompt_tokens) <= 2000 and ss["sampled_fraction"] < 0.2 and se["sampled_fraction"] == 1.0
+    assert ss["prompt_tokens"]["mean"] == se["prompt_tokens"]["mean"]  # sums stay exact
+    assert abs(ss["prompt_tokens"]["p50"] / se["prompt_tokens"]["p50"] - 1) < 0.1
+    assert len(small.cache._seen) <= 3000 and small.cache.level > 0
+    assert abs(ss["prefix_hit_rate"] - se["prefix_hit_rate"]) < 0.02
+    assert ss["arrival"] == se["arrival"] and ss["concurrency"] == se["concurrency"]
+    # two sides fed the same requests sample the same ones, so a faithful copy still compares exactly
+    other = WorkloadStats(max_samples=2000)
+    other.add_many(arr, prompt, out)
+    assert list(other.prompt_tokens) == list(small.prompt_tokens)
+
+
+def test_streaming_concurrency_matches_a_direct_sweep():
+    from autoresearch_dagster.fidelity import summarize
+
+    rng = np.random.default_rng(5)
+    arr = np.cumsum(rng.exponential(0.2, 500))
+    lat = rng.uniform(0.1, 3.0, 500)
+    ws = _stats(arr, np.ones(500), np.ones(500), [[]] * 500, lat)
+    times = np.concatenate([arr, arr + lat])
+    delta = np.concatenate([np.ones(500), -np.ones(500)])
+    order = np.lexsort((delta, times))
+    level, dur = np.cumsum(delta[order])[:-1], np.diff(times[order])
+    c = summarize(ws)["concurrency"]
+    assert c["mean"] == pytest.approx((level * dur).sum() / dur.sum())
+    o = np.argsort(level, kind="stable")
+    assert c["p95"] == level[o][np.searchsorted(np.cumsum(dur[o]) / dur.sum(), 0.95)]
