@@ -305,6 +305,17 @@ def _step_duration(rate: float, s: CapacitySettings) -> float:
     return max(s.step_duration_s, 1.1 * s.min_completed / rate)
 
 
+def _confirmed(steps: list[LoadStep], value: float) -> bool:
+    return any(st.kind == "confirm" and st.passed and math.isclose(st.rate_rps, value) for st in steps)
+
+
+def _announce(progress: Any, step_id: str, n: int, span_s: float) -> None:
+    """Tell a progress reporter that a step starts (optional ``step_started`` method)."""
+    start = getattr(progress, "step_started", None)
+    if start is not None:
+        start(step_id, n, span_s)
+
+
 def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: str,
                   settings: CapacitySettings | None = None, seed: int = 0,
                   progress: Callable[[LoadStep], None] | None = None) -> CapacityResult:
@@ -328,7 +339,9 @@ def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, mod
             offsets = poisson_offsets(rate, duration, seed=step_seed, burstiness=s.burstiness)
         sched = build_schedule(pool, offsets, model=model, seed=step_seed, start_index=cursor[0])
         cursor[0] += len(sched)
-        outcome = deployment.run_step(sched, step_id=f"{kind}{k:02d}-{rate:.4g}rps", timeout_s=s.request_timeout_s)
+        step_id = f"{kind}{k:02d}-{rate:.4g}rps"
+        _announce(progress, step_id, len(sched), sched[-1].send_offset_s if sched else 0.0)
+        outcome = deployment.run_step(sched, step_id=step_id, timeout_s=s.request_timeout_s)
         step = summarize_step(outcome, sla, rate_rps=rate, min_completed=min_completed, kind=kind)
         steps.append(step)
         outcomes.append(outcome)
@@ -346,8 +359,7 @@ def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, mod
                               max_steps=s.max_steps)
     measured = [st for st in steps if st.kind != "warmup"]
     reasons = [f"{st.step_id}: {r}" for st in measured for r in st.invalid_reasons]
-    confirmed = any(st.kind == "confirm" and st.passed and math.isclose(st.rate_rps, capacity) for st in measured)
-    if capacity > 0 and not confirmed:
+    if capacity > 0 and not _confirmed(measured, capacity):
         reasons.append(f"search stopped after {s.max_steps} steps before confirming a capacity")
     return CapacityResult(capacity_rps=capacity, capacity_rps_per_gpu=capacity / gpus, steps=steps,
                           valid=not reasons, invalid_reasons=reasons, outcomes=outcomes, sla=str(sla),
@@ -412,11 +424,15 @@ def autoscaling_report(timeseries: list[dict[str, Any]], intervals: list[dict[st
                        replay_interval_s: float, gpus_per_replica: int) -> dict[str, Any] | None:
     """GPU-seconds used and how fast replicas followed bursts, from a ``replicas`` timeseries.
 
+    Rows carry the step-relative time as ``t_s`` (the HTTP runner's /metrics scrape) or ``t`` (the
+    emulator's virtual-time samples).
+
     A burst is an interval whose target rate is at least 1.5x the previous one; its follow time is
     how long after the interval started the replica count first rose above its level at that start
     (None when it never rose before the replay ended). Returns None when the engine reports no replicas.
     """
-    pts = sorted((float(r["t_s"]), float(r["replicas"])) for r in timeseries if "replicas" in r and "t_s" in r)
+    pts = sorted((float(r.get("t_s", r.get("t"))), float(r["replicas"])) for r in timeseries
+                 if "replicas" in r and ("t_s" in r or "t" in r))
     if len(pts) < 2:
         return None
     t = np.asarray([p[0] for p in pts])
@@ -455,7 +471,9 @@ def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: 
             deployment.flush_cache()
         offsets = shape_offsets(pool, speedup=x, interval_s=interval_s, seed=seed * 1000 + k)
         sched = build_schedule(pool, offsets, model=model, seed=seed * 1000 + k, aligned=True)
-        outcome = deployment.run_step(sched, step_id=f"shape{k:02d}-x{x:.4g}", timeout_s=request_timeout_s)
+        step_id = f"shape{k:02d}-x{x:.4g}"
+        _announce(progress, step_id, len(sched), sched[-1].send_offset_s if sched else 0.0)
+        outcome = deployment.run_step(sched, step_id=step_id, timeout_s=request_timeout_s)
         step = summarize_step(outcome, sla, rate_rps=x, kind="shape" if kind == "capacity" else kind)
         steps.append(step)
         outcomes.append(outcome)
@@ -481,6 +499,8 @@ def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: 
     auto = autoscaling_report(outcome.engine_timeseries, intervals, replay_interval_s=replay_interval,
                               gpus_per_replica=gpus_per_replica or gpus)
     reasons = [f"{st.step_id}: {r}" for st in steps for r in st.invalid_reasons]
+    if search and replay_capacity and not _confirmed(steps, replay_capacity):
+        reasons.append(f"search stopped after {max_steps} steps before confirming a replay capacity")
     return ShapeResult(speedup=speedup, replay_capacity=replay_capacity, meets_sla=step.meets_sla,
                        intervals=intervals, steps=steps, valid=not reasons, invalid_reasons=reasons,
                        autoscaling=auto, outcomes=outcomes, sla=str(sla))

@@ -130,6 +130,9 @@ class ConsoleProgress:
         self.console = console or Console(stderr=True)
         self.unit = unit
 
+    def step_started(self, step_id: str, n: int, span_s: float) -> None:
+        self.console.print(f"[dim]> {step_id}: sending {n} requests over {span_s:.1f} s ...[/]")
+
     def __call__(self, step: Any) -> None:
         p99 = lambda d: f"{d['p99']:.0f}" if d.get("p99") is not None else "-"  # noqa: E731
         verdict = ("[green]pass[/]" if step.passed else "[red]fail[/]") if step.valid else "[yellow]invalid[/]"

@@ -46,5 +46,7 @@ def test_autoscaling_report_from_replicas_timeseries():
     assert rep["bursts"] == [{"interval": 2, "start_s": 20.0, "follow_s": 6.0}]
     assert rep["median_follow_s"] == 6.0 and rep["bursts_not_followed"] == 0
     assert rep["gpu_seconds"] == pytest.approx((26 * 1 + 24 * 2) * 8)
+    virtual = [{"t": r["t_s"], "replicas": r["replicas"]} for r in ts]  # the emulator's time key
+    assert autoscaling_report(virtual, intervals, replay_interval_s=10.0, gpus_per_replica=8) == rep
     assert autoscaling_report([{"t_s": 0.0, "num_running": 3}], intervals, replay_interval_s=10.0,
                               gpus_per_replica=1) is None
