@@ -246,7 +246,7 @@ class WorkloadStats:
     Requests must be added in arrival order.
     """
 
-    def __init__(self, max_samples: int = 1_000_000, windows: tuple[float, ...] = (1.0, 10.0, 60.0)) -> None:
+    def __init__(self, max_samples: int = 200_000, windows: tuple[float, ...] = (1.0, 10.0, 60.0)) -> None:
         self.n = 0
         self.prompt_tokens = array("q")  # sampled
         self.output_tokens = array("q")
