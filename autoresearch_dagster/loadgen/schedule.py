@@ -144,7 +144,8 @@ def build_schedule(pool: Any, offsets: list[float], *, model: str, seed: int, st
     By default requests are taken in pool order from ``start_index`` (wrapping around), so that
     successive load steps replay different requests. ``aligned=True`` pairs ``offsets[i]`` with
     the i-th serving request (what ``shape_offsets`` returns). ``seed`` names the schedule in the
-    request ids, so ids stay unique across steps.
+    request ids, so ids stay unique across steps. ``pool_row`` is the request's index among the
+    pool's serving requests.
     """
     reqs = _serving(pool)
     if not reqs:
