@@ -179,6 +179,8 @@ def analyze_timeseries(samples: Iterable[dict[str, Any] | str], resolved_config:
     queued = [(run_, use) for q_, run_, use in both if q_ > 0]
     if queued and mrr:
         at_cap_q = float(np.mean([run_ is not None and run_ >= 0.95 * float(mrr) for run_, _ in queued]))
+    elif both and mrr:
+        at_cap_q = 0.0  # nobody waited: the cap held no one back
     if queued and any(use is not None for _, use in queued):
         usage_q = float(np.mean([use for _, use in queued if use is not None]))
     # The decode batch itself when the engine reports it; the running count is an upper bound of it.

@@ -276,6 +276,14 @@ def reduce_signal(kind: str, xs: list[float | None], ys: list[float | None]) -> 
     return float(np.polyfit(lx, ly, 1)[0])
 
 
+def _itl_max_pcts(records: list[Any]) -> dict[str, float]:
+    """Percentiles over requests of each request's longest inter-token gap (a stall hits few tokens but many requests)."""
+    worst = [max(r.itl_s) * 1e3 for r in records if r.status == "ok" and r.itl_s]
+    if not worst:
+        return {}
+    return {f"p{q}": float(np.percentile(worst, q)) for q in (50, 90, 99)}
+
+
 def _asdict(obj: Any) -> dict[str, Any]:
     if isinstance(obj, dict):
         return obj
@@ -326,7 +334,7 @@ def run_probe(recipe: ProbeRecipe, pool: Any, deployment: Any, *, sla: SLA, mode
         if len(series) < 2:
             series.append({"t": outcome.duration_s, **snapshot(deployment.metrics_text())})
         engine = analyze_timeseries(series, resolved_config).to_dict()
-        ctx = {**step, "engine": engine,
+        ctx = {**step, "engine": engine, "itl_max_ms": _itl_max_pcts(outcome.records),
                "prompt_tokens_mean": float(np.mean([s.prompt_tokens for s in schedule])),
                "output_tokens_mean": float(np.mean([s.output_tokens for s in schedule])),
                "rate_rps": rate, "x": v.get("x")}

@@ -203,6 +203,12 @@ def collect_features(w: WorkloadStats, c: CurveAnalysis | None, m: EngineStats |
     put("cfg.fp8", 1.0 if resolved.get("quantization") in FP8_QUANT else 0.0, "resolved server config")
     for k, v in probe_feats.items():
         put(k, v, "probe " + k.split(".")[1])
+    # where the derived features (hypotheses.derive_features) come from
+    src.update({"x.cache_gap": "step's block hashes vs engine cache-hit counters",
+                "m.kv_headroom": src.get("m.token_usage_max", "engine metrics"),
+                "m.running_small": src.get("m.running_mean", "engine metrics"),
+                "x.no_speculation": "resolved server config, engine metrics", "x.no_fp8": "resolved server config",
+                "p.prefill_gemm_share": src.get("p.gemm_share", "profile")})
     return f, src
 
 
