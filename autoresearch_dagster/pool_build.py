@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import sys
+import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
@@ -69,12 +71,14 @@ def _chat_results(sources: list[LogSource], key: bytes, tokenizer_path: str | No
                 counts.update(delta)
                 yield from items
         return
-    # spawn, not fork: safe inside threaded hosts such as Dagster; the key travels by pipe, never to disk
-    ctx = multiprocessing.get_context("spawn")
+    # fork is cheap but unsafe when other threads run (Dagster, servers): spawn then. The key
+    # travels by fork or by pipe, never to disk.
+    single_threaded = sys.platform == "linux" and threading.active_count() == 1
+    ctx = multiprocessing.get_context("fork" if single_threaded else "spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(key, tokenizer_path)) as ex:
         pending: deque = deque()
         for src in sources:
-            for batch in _batches(src, max_records, n_read):
+            for batch in _batches(src, max_records, n_read, 1024):
                 pending.append(ex.submit(process_chat_batch, src.parser, batch))
                 while len(pending) > 3 * workers:  # bounded in-flight work
                     items, delta = pending.popleft().result()
