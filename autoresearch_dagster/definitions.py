@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -139,7 +140,7 @@ def execute(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, 
 
 def observe_engine_version(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     """One observation run of the engine_version source asset."""
-    return defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=instance)
+    return defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=instance, run_config=QUIET)
 
 
 # ---------------------------------------------------------------- the main job
@@ -150,7 +151,7 @@ MAIN_TAG = "autoresearch/main_job"
 
 
 def _merge_config(run_config: dict | None) -> dict:
-    return {**QUIET, **(run_config or {})}
+    return {**(run_config or {}), **QUIET}
 
 
 def _latest_storage_id(instance: dg.DagsterInstance, key: str) -> int | None:
@@ -164,9 +165,12 @@ def _metadata(instance: dg.DagsterInstance, key: str, partition: str) -> dict:
     return {k: v.value for k, v in recs[0].asset_materialization.metadata.items()} if recs else {}
 
 
-def _run_checked(say, what: str, result: dg.ExecuteInProcessResult) -> dg.ExecuteInProcessResult:
+def _run_checked(say, what: str, run) -> dg.ExecuteInProcessResult:
+    """Execute ``run()`` (one Dagster run), report it with its wall time, raise if it failed."""
+    t0 = time.monotonic()
+    result = run()
     status = "ok" if result.success else "FAILED"
-    say(f"  run {result.run_id[:8]} {what}: {status}")
+    say(f"  run {result.run_id[:8]} {what}: {status} ({time.monotonic() - t0:.0f} s)")
     if not result.success:
         failures = [e.message for e in result.all_events if e.is_failure]
         raise RuntimeError(f"Dagster run {result.run_id} ({what}) failed: {failures[:1]}")
@@ -246,17 +250,16 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
                                   tags={"autoresearch/endpoint": name, MAIN_TAG: "reseed"})]
     for req in requests:
         _run_checked(say, f"{req.partition_key}: replay_pool + replay_fidelity + confirmed_baseline",
-                     execute(defs, inst, req.partition_key, list(req.asset_selection), tags=dict(req.tags),
-                             run_config=QUIET))
+                     lambda req=req: execute(defs, inst, req.partition_key, list(req.asset_selection),
+                                             tags=dict(req.tags), run_config=QUIET))
 
     say("2. engine_version observation")
-    _run_checked(say, "observe engine_version",
-                 defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=inst, run_config=QUIET))
+    _run_checked(say, "observe engine_version", lambda: observe_engine_version(defs, inst))
 
     decisions_before = _latest_storage_id(inst, "promotion_decision")
     say("3. round 1: noise_baseline → diagnostic_report → proposals → experiment_results → promotion_decision")
-    _run_checked(say, "round 1", execute(defs, inst, name, [dg.AssetKey(k) for k in ROUND_ASSETS],
-                                         tags={MAIN_TAG: "round-1"}, run_config=QUIET))
+    _run_checked(say, "round 1", lambda: execute(defs, inst, name, [dg.AssetKey(k) for k in ROUND_ASSETS],
+                                                 tags={MAIN_TAG: "round-1"}, run_config=QUIET))
     rounds = [_round_summary(inst, name, "1")]
     report = json.loads((out / name / "diagnostic_report" / "report.json").read_text())
     say("  top hypotheses: " + "; ".join(f"{h['bottleneck']} ({h['score']:.2f}, try {', '.join(h['knobs'][:3])})"
@@ -272,9 +275,10 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
     for req in mine:
         cfg = req.run_config["ops"]["confirmed_baseline"]["config"]
         _run_checked(say, f"promote {cfg['candidate_id']} (run_key {req.run_key})",
-                     execute(defs, inst, name, list(req.asset_selection), run_config=_merge_config(req.run_config),
-                             tags={**req.tags, "dagster/sensor_name": "promotion_sensor",
-                                   "dagster/run_key": req.run_key}))
+                     lambda req=req: execute(defs, inst, name, list(req.asset_selection),
+                                             run_config=_merge_config(req.run_config),
+                                             tags={**req.tags, "dagster/sensor_name": "promotion_sensor",
+                                                   "dagster/run_key": req.run_key}))
 
         say("5. lineage rerun: automation sensor ticks (evaluate_automation_conditions)")
         for n in range(1, 6):
@@ -287,25 +291,23 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
                 names = sorted(k.to_user_string() for k in keys)
                 say(f"  tick {n}: requested {names} for {partition or 'all endpoints'}")
                 if dg.AssetKey("engine_version") in keys:
-                    _run_checked(say, "observe engine_version", defs.resolve_job_def(OBSERVE_ENGINE_JOB)
-                                 .execute_in_process(instance=inst, run_config=QUIET))
+                    _run_checked(say, "observe engine_version", lambda: observe_engine_version(defs, inst))
                     keys = keys - {dg.AssetKey("engine_version")}
                 if keys and partition is not None:
-                    _run_checked(say, f"automation tick {n}", execute(
-                        defs, inst, partition, sorted(keys, key=lambda k: ROUND_ASSETS.index(k.path[-1])
-                                                      if k.path[-1] in ROUND_ASSETS else -1),
+                    _run_checked(say, f"automation tick {n}", lambda p=partition, k=keys, n=n: execute(
+                        defs, inst, p, sorted(k, key=lambda a: a.to_user_string()),
                         tags={MAIN_TAG: f"automation-tick-{n}"}, run_config=QUIET))
         rounds.append(_round_summary(inst, name, "2 (after promotion)"))
 
     lake = ResultsLake(out / "lake")
     lake.refresh_views()
     say("")
-    say(f"{'round':<20} {'baseline':<28} {'capacity rps':>12} {'noise CV':>9} {'candidate':<22} "
+    say(f"{'round':<20} {'baseline':<28} {'capacity rps':>12} {'noise CV':>9} {'candidate':<30} "
         f"{'verdict':<8} {'ratio [CI]':<22} promote")
     for r in rounds:
         ci = f"{_fmt(r['ratio'], '.3f')} [{_fmt(r['ci'][0], '.3f')}, {_fmt(r['ci'][1], '.3f')}]"
         say(f"{r['round']:<20} {r['baseline']:<28} {_fmt(r['capacity_rps'], '12.2f')} "
-            f"{_fmt(r['noise_cv'], '9.2%')} {r['candidate']:<22} {r['verdict']:<8} {ci:<22} {r['promote']}")
+            f"{_fmt(r['noise_cv'], '9.2%')} {r['candidate']:<30} {r['verdict']:<8} {ci:<22} {r['promote']}")
     say("")
     say("where to look:")
     say(f"  DuckDB views:   duckdb {lake.duckdb_path()}   (or: autoresearch sql \"SELECT * FROM verdict_history\")")

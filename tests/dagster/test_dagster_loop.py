@@ -1,76 +1,67 @@
-"""The real loop chain on the emulator: pool → baseline → noise → diagnosis → proposals →
-experiment → decision, as one Dagster run with small measurement settings, then the promotion
-sensor's run. Asserts what each asset recorded, in the instance, the artifact store and the lake."""
+"""The main job on the emulator with small settings: real Dagster runs from discovery to the
+promotion and the lineage rerun the automation conditions select. Asserts what each asset
+recorded in the instance, the artifact store and the results lake."""
 import json
 
 import dagster as dg
 import yaml
 
-from autoresearch_dagster.definitions import execute, observe_engine_version
+from autoresearch_dagster.definitions import instance as project_instance
+from autoresearch_dagster.definitions import run_main_job
 from autoresearch_dagster.results import ResultsLake
-from conftest import make_defs
 from resources import MeasurementSettings
 from sensors import promotion_sensor
 
-LOOP = ["replay_pool", "confirmed_baseline", "noise_baseline", "diagnostic_report", "proposals",
-        "experiment_results", "promotion_decision"]
 # Short steps starting near the knee: runs take ~1 s each in virtual time and still agree on capacity.
 SMALL = MeasurementSettings(step_duration_s=15.0, min_completed=100, warmup_s=3.0, start_rps=8.0, max_steps=12,
                             resolution=0.1, noise_runs=5, initial_runs_per_arm=2, max_runs_per_arm=2,
                             quick_diagnosis=True)
 
 
-def _md(instance, key):
-    return instance.get_latest_materialization_event(dg.AssetKey(key)).asset_materialization.metadata
+def _mats(instance, key):
+    return [r.asset_materialization.metadata for r in instance.fetch_materializations(
+        dg.AssetKey(key), limit=100, ascending=True).records]
 
 
-def test_real_chain_on_the_emulator(project, instance):
-    (project / "candidates" / "ep1_chunk.yaml").write_text(yaml.safe_dump({"chunked_prefill_size": 4096}))
-    defs = make_defs(project, SMALL)
-    instance.add_dynamic_partitions("endpoints", ["ep1"])
-    assert observe_engine_version(defs, instance).success
-    result = execute(defs, instance, "ep1", [dg.AssetKey(k) for k in LOOP])
-    assert result.success
+def test_main_job_promotes_and_the_automation_reruns_the_lineage(project, tmp_path):
+    # the candidate the emulator's grid found for the demo: mixed chunks relieve prefill interference
+    (project / "candidates" / "ep1_better.yaml").write_text(yaml.safe_dump({"enable_mixed_chunk": True}))
+    lines = []
+    summary = run_main_job(project / "endpoints" / "ep1.yaml", out_dir=project / "out",
+                           candidates_dir=project / "candidates", settings=SMALL, home=tmp_path / "home",
+                           say=lines.append)
+    first, second = summary["rounds"]
+    assert first["candidate"] == "ep1_better" and first["verdict"] == "better" and first["promote"] is True
+    assert first["ratio"] > 1.1 and first["ci"][0] > 1.0
+    assert second["baseline"].startswith("ep1_better")  # the rerun measured the promoted baseline
+    assert second["capacity_rps"] > first["capacity_rps"]
+    assert second["candidate"] != "ep1_better"  # already the baseline: not proposed again
+    assert any("tick 1: requested" in line and "noise_baseline" in line for line in lines)
 
-    noise = _md(instance, "noise_baseline")
-    assert noise["runs"].value == 5 and noise["capacity_rps"].value > 0
-    assert 0 <= noise["capacity_cv"].value < 0.2
+    instance = project_instance(tmp_path / "home")
+    noise = _mats(instance, "noise_baseline")
+    assert len(noise) == 2 and all(m["runs"].value == 5 for m in noise)
+    assert all(0 <= m["capacity_cv"].value < 0.2 for m in noise)
+    baselines = _mats(instance, "confirmed_baseline")
+    assert [m["candidate_id"].value for m in baselines] == ["initial", "ep1_better"]
+    assert "promoted_from" in baselines[1]
+    runs = instance.get_run_records(dg.RunsFilter(tags={"autoresearch/main_job": "automation-tick-1"}))
+    assert len(runs) == 1 and runs[0].dagster_run.is_success
+    gate = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [dg.AssetCheckKey(dg.AssetKey("experiment_results"), "correctness_gate")])
+    assert all(e.status.value == "SUCCEEDED" for e in gate.values())  # lossless candidates: nothing to gate
+
     report = json.loads((project / "out/ep1/diagnostic_report/report.json").read_text())
     assert report["hypotheses"] and report["findings"]
     props = json.loads((project / "out/ep1/proposals/proposals.json").read_text())
-    assert props[0]["id"] == "ep1_chunk" and props[0]["intervention"] == {"chunked_prefill_size": 4096}
-    assert all(p["falsifier"] and p["prediction"]["value"] > 1 for p in props)
-
-    (verdict,) = _md(instance, "experiment_results")["verdicts"].value
-    assert verdict["verdict"] in {"better", "same", "worse", "invalid"}
-    assert verdict["candidate_id"] == "ep1_chunk" and verdict["runs_baseline"] >= 2
-    gate = instance.event_log_storage.get_latest_asset_check_execution_by_key(
-        [dg.AssetCheckKey(dg.AssetKey("experiment_results"), "correctness_gate")])
-    assert all(e.status.value == "SUCCEEDED" for e in gate.values())  # lossless: nothing to gate
-
-    decision = _md(instance, "promotion_decision")
-    assert decision["promote"].value == (verdict["verdict"] == "better" and verdict["confirmed"])
+    assert all(p["falsifier"] and p["prediction"]["value"] > 1 and p["explanation"] for p in props)
 
     lake = ResultsLake(project / "out" / "lake")
-    n_runs = lake.query("SELECT count(*) FROM runs WHERE endpoint = 'ep1'")[0][0]
-    assert n_runs >= 5 + 2 * verdict["runs_baseline"]
-    assert lake.query("SELECT count(*) FROM experiments WHERE endpoint = 'ep1'")[0][0] == 1
-
-    # a positive decision (reported like promotion_decision writes it) promotes through the sensor's run
-    instance.report_runless_asset_event(dg.AssetMaterialization(
-        "promotion_decision", partition="ep1",
-        metadata={"promote": True, "candidate_id": "ep1_chunk", "experiment_id": verdict["experiment_id"],
-                  "server_config_json": json.dumps({"chunked_prefill_size": 4096})}))
-    tick = promotion_sensor(dg.build_sensor_context(instance=instance))
-    (req,) = [r for r in tick.run_requests if r.run_config["ops"]["confirmed_baseline"]["config"]["candidate_id"]
-              == "ep1_chunk"]
-    run = execute(defs, instance, "ep1", [dg.AssetKey("confirmed_baseline")], run_config=req.run_config,
-                  tags=req.tags)
-    assert run.success
-    baseline = _md(instance, "confirmed_baseline")
-    assert baseline["candidate_id"].value == "ep1_chunk" and not baseline["is_original"].value
+    assert lake.query("SELECT count(*) FROM experiments WHERE endpoint = 'ep1'")[0][0] == 2
     assert lake.query("SELECT count(*) FROM baselines WHERE endpoint = 'ep1' AND reason = 'promotion'")[0][0] == 1
-    # the promoted decision is not promoted twice, even from a reset cursor
+    assert lake.query("SELECT count(*) FROM runs WHERE endpoint = 'ep1'")[0][0] >= 2 * 5 + 2 * 4
+
+    # the executed promotion is not requested again, even by a sensor whose cursor was reset
     again = promotion_sensor(dg.build_sensor_context(instance=instance))
-    assert all(r.run_config["ops"]["confirmed_baseline"]["config"]["candidate_id"] != "ep1_chunk"
+    assert all(r.run_config["ops"]["confirmed_baseline"]["config"]["candidate_id"] != "ep1_better"
                for r in again.run_requests)
