@@ -207,3 +207,14 @@ def test_long_prefill_is_flops_over_peak_times_efficiency():
     attn = 4 * m.layers * m.heads * m.head_dim * n * n / 2 / (g.bf16_flops * eff.attn_mfu)
     assert t == pytest.approx(gemm + attn, rel=0.1)
     assert 0.3 < t < 0.8  # ~270 TFLOP at ~600 TFLOP/s achieved
+
+
+def test_tensor_parallel_splits_weight_traffic_and_pays_all_reduce():
+    m, g = model_card("qwen2.5-32b"), gpu("H100")
+    tp1 = CostModel(m, g, tp=1, fp8_weights=False, kv_bytes=2).step(decode_reqs=16, decode_ctx=16 * 2000)
+    tp2 = CostModel(m, g, tp=2, fp8_weights=False, kv_bytes=2).step(decode_reqs=16, decode_ctx=16 * 2000)
+    assert tp1.comm_s == 0 and tp2.comm_s > 0
+    assert 0.5 * tp1.total_s < tp2.total_s < 0.7 * tp1.total_s  # half the bytes per GPU, plus the all-reduces
+    pcie = CostModel(m, gpu("L40S"), tp=2, fp8_weights=False, kv_bytes=2).step(prefill_tokens=8192, prefill_seqs=1)
+    nvlink = CostModel(m, g, tp=2, fp8_weights=False, kv_bytes=2).step(prefill_tokens=8192, prefill_seqs=1)
+    assert pcie.comm_s > 5 * nvlink.comm_s  # PCIe all-reduce of a prefill's activations is far slower
