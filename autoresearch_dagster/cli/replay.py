@@ -106,9 +106,12 @@ def _target(args: argparse.Namespace):
 def _pool(path: str):
     from autoresearch_dagster.pool import read_pool
     try:
-        return read_pool(path)
+        pool = read_pool(path)
     except FileNotFoundError as e:
         raise SpecError(str(e)) from None
+    if next(iter(pool.iter_requests("serving")), None) is None:
+        raise SpecError(f"replay pool {path} has no serving requests to replay")
+    return pool
 
 
 def _capacity(args: argparse.Namespace) -> int:
