@@ -18,7 +18,7 @@ from array import array
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Iterable, Iterator, Literal

@@ -561,9 +561,3 @@ class Redactor:
                 nm["tool_calls"] = new_calls
             out.append(nm)
         return out
-
-
-def redaction_key_from_env() -> bytes | None:
-    env = os.environ.get(KEY_ENV)
-    return env.encode() if env else None
-

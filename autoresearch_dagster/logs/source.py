@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gzip
 import heapq
-import io
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
@@ -112,12 +111,6 @@ def detect_format(path: str | Path, probe_lines: int = 50) -> str:
                     "('messages'/'request'/'body'), Mooncake JSON ('hash_ids'/'input_length') nor a known CSV "
                     "header (Azure: TIMESTAMP,ContextTokens,GeneratedTokens; BurstGPT: Timestamp,Model,Request "
                     "tokens,...); use --format to force one")
-
-
-def check_not_empty(path: str | Path) -> None:
-    for _ in iter_lines(path):
-        return
-    raise SpecError(f"log file {path} is empty (no records)")
 
 
 class ReorderWindow:

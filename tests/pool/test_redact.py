@@ -147,3 +147,12 @@ def test_demo_pii_free_system_prompts_stay_byte_identical(demo_pool):
     pool = read_pool(demo_pool.pool_path)
     pool_systems = {pool.request(i).messages[0]["content"] for i in range(len(pool))}
     assert len(source_systems) == 5 and pool_systems == source_systems
+
+
+def test_single_pass_count_and_hashes_equal_the_token_contract():
+    from autoresearch_dagster.pool_chat import count_and_hashes
+    from autoresearch_dagster.tokens import block_hashes
+
+    for line in DEMO.read_text().splitlines()[:40]:
+        text = json.dumps(json.loads(line)["request"]["messages"])
+        assert count_and_hashes(text, None) == (count_tokens(text), block_hashes(text, 64))
