@@ -41,7 +41,7 @@ def _term_of(failed: str) -> str:
 class CurveAnalysis:
     n_steps: int
     capacity_rps: float | None
-    knee_rps: float | None  # highest rate that met the SLA
+    knee_rps: float | None  # highest rate that met the SLA below the first one that missed it
     break_rps: float | None  # lowest rate that missed it
     first_broken: list[str]  # SLA terms missed at break_rps (ttft, itl, tpot, e2e, errors, queue)
     low_rps: float | None
@@ -85,6 +85,8 @@ def analyze_curve(capacity: Any, sla: SLA | None = None) -> CurveAnalysis:
     brk = failing[0] if failing else None
     low = steps[0]
     ref = brk if brk is not None else steps[-1]
+    # A noisy search can pass above a failed rate; the knee is the last pass below the first failure.
+    below = [s for s in passing if brk is None or float(_get(s, "rate_rps")) < float(_get(brk, "rate_rps"))]
 
     def growth(metric: str) -> float | None:
         a, b = _pct(low, metric, "p50"), _pct(ref, metric, "p50")
@@ -107,7 +109,7 @@ def analyze_curve(capacity: Any, sla: SLA | None = None) -> CurveAnalysis:
         regime = "per_token" if any(t in ("tpot", "itl") for t in first) else "queueing"
     return CurveAnalysis(
         n_steps=len(steps), capacity_rps=float(cap) if cap is not None else None,
-        knee_rps=float(_get(passing[-1], "rate_rps")) if passing else None,
+        knee_rps=float(_get(below[-1], "rate_rps")) if below else None,
         break_rps=float(_get(brk, "rate_rps")) if brk is not None else None,
         first_broken=first, low_rps=float(_get(low, "rate_rps")),
         ttft_growth=tg, tpot_growth=pg,
