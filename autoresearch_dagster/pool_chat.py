@@ -78,9 +78,11 @@ def process_chat_record(rec: LogRecord, redactor: Redactor, counter: Callable[[s
         out, out_src = DEFAULT_OUTPUT_TOKENS, "estimate"
     conv = conversation_key(rec, key, messages)
     turn = sum(1 for m in messages if m.get("role") == "user") if messages is not None else None
-    rid = redactor.redact_text(rec.request_id) if rec.request_id else None
+    # logged ids can carry anything (user names, e-mails); a keyed hash keeps them distinct and opaque
+    rid = "r-" + hmac.new(key, b"rid:" + rec.request_id.encode(), hashlib.sha256).hexdigest()[:16] \
+        if rec.request_id else f"line-{rec.line}"
     req = PoolRequest(
-        id=rid or f"line-{rec.line}", arrival_s=rec.timestamp_s, conversation_id=conv, turn=turn, api=rec.api,
+        id=rid, arrival_s=rec.timestamp_s, conversation_id=conv, turn=turn, api=rec.api,
         messages=messages, prompt=prompt, tools=tools, tool_choice=tool_choice, response_format=response_format,
         sampling=rec.sampling, prompt_tokens=n_tokens, output_tokens=out, block_hashes=hashes,
         block_tokens=CHAT_BLOCK_TOKENS, split=split_for(conv), output_tokens_source=out_src,
