@@ -342,7 +342,9 @@ class Redactor:
         self._tries = tries
         self.counts: Counter[str] = Counter()
         self._sur: dict[tuple[str, str], str] = {}
+        # long texts recur (shared system prompts, documents, earlier turns): cache their redaction
         self._text_cache: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
+        self._cache_chars = 0
         self._max_cache = max_cache
 
     # --- surrogates -------------------------------------------------------------------------------
@@ -505,9 +507,11 @@ class Redactor:
             for kind, n in found:
                 self.counts[kind] += n
         if len(text) >= 256:
-            if len(self._text_cache) >= 4096:
+            if self._cache_chars > 32_000_000:  # bounded memory: about 64 MB of cached text
                 self._text_cache.clear()
+                self._cache_chars = 0
             self._text_cache[text] = (result, found)
+            self._cache_chars += len(text) + len(result)
         return result
 
     # --- structures -------------------------------------------------------------------------------
