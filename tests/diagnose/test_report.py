@@ -70,3 +70,36 @@ def test_cli_builds_the_pool_and_prints_top_hypotheses(tmp_path, capsys):
     assert len(data["hypotheses"]) == len(BOTTLENECKS)
     assert data["details"]["workload"]["n_requests"] > 50
     assert main(["diagnose", "--endpoint", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
+
+
+def test_reusing_a_measured_curve_skips_the_search(tmp_path):
+    """The Dagster asset passes the noise baseline's curve (a dict) instead of searching again."""
+    from autoresearch_dagster.diagnose import diagnose
+    from autoresearch_dagster.diagnose.scenarios import build_scenario_pool
+    from autoresearch_dagster.engines.emulator import EmulatorEngine
+
+    s = scenario("admission_limit")
+    first = run_scenario(s, tmp_path / "a", quick=True, probes=False, profile=False)
+    curve = first.report.details["capacity"]
+    assert isinstance(curve, dict) and curve["steps"]
+    pool = build_scenario_pool(s, tmp_path / "b")
+
+    class CountingEngine(EmulatorEngine):
+        steps = 0
+
+        def deploy(self, config, *, seed=0):
+            dep = super().deploy(config, seed=seed)
+            run = dep.run_step
+
+            def counted(schedule, **kw):
+                CountingEngine.steps += 1
+                return run(schedule, **kw)
+            dep.run_step = counted
+            return dep
+
+    ep = s.endpoint()
+    rep = diagnose(ep, pool, engine=CountingEngine(ep), config=s.config, out_dir=tmp_path / "c", capacity=curve,
+                   quick=True, probes=False, profile=False)
+    assert CountingEngine.steps == 1  # only the diagnostic step
+    assert rep.hypotheses[0].bottleneck == "admission_limit"
+    assert rep.details["curve"]["capacity_rps"] == pytest.approx(curve["capacity_rps"])
