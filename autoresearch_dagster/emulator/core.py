@@ -39,6 +39,7 @@ from autoresearch_dagster.emulator.noise import NoiseSettings, NoiseSource
 from autoresearch_dagster.emulator.resolve import Resolved, resolve_config
 
 LPM_MAX_QUEUE = 128  # schedule_policy.py WAITING_QUEUE_PREFIX_MATCH_MAX
+LPM_MATCH_S = 4e-6  # scheduler CPU per waiting request prefix-matched by a cache-aware policy
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
@@ -228,6 +229,7 @@ class _Replica:
         self.reserve_remaining = 0  # sum of min(out - gen, CLIP) over the running batch
         self.busy_until = 0.0
         self.interval_remaining = 0
+        self.sched_cpu_s = 0.0  # extra scheduler CPU accrued for the next step (lpm prefix matching)
         self.dec_times: list[float] = []
         self.gen_hist: deque[tuple[float, int]] = deque(maxlen=GEN_WINDOW + 1)
         self.last_hit_rate = 0.0
@@ -310,6 +312,8 @@ class _Replica:
             return segs or None
         order = self._ordered_waiting()
         lpm_active = order is not self.waiting
+        if lpm_active:  # matching every waiting request against the radix tree costs scheduler time
+            self.sched_cpu_s += LPM_MATCH_S * len(self.waiting)
         in_batch: set[int] = set()
         admitted: list[_Req] = []
         for r in order:
@@ -499,6 +503,8 @@ class _Replica:
                            decode_ctx=dctx, decode_ctx_swa=dctx_swa, n_running=self.n_running + len(segs))
             if self.spec_draft_steps:
                 cost.draft_s += (cost.gemm_s + cost.moe_s) * model.draft_fraction * 2
+            cost.cpu_s += self.sched_cpu_s
+            self.sched_cpu_s = 0.0
             dur = cost.total_s * self.noise.factor(start)
             end = start + dur
             kind = "mixed" if mixed else "prefill"
@@ -548,6 +554,8 @@ class _Replica:
             cost = cm.step(decode_reqs=n, decode_width=width, decode_ctx=dctx, decode_ctx_swa=dctx_swa,
                            draft_steps=self.spec_draft_steps if self.spec_alpha else 0,
                            draft_width=self.spec_topk, n_running=n)
+            cost.cpu_s += self.sched_cpu_s
+            self.sched_cpu_s = 0.0
             dur = cost.total_s * self.noise.factor(start)
             end = start + dur
             kind = "decode"
