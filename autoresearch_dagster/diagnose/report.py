@@ -104,18 +104,28 @@ class DiagnosticReport:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         md = _atomic_write(out_dir / "report.md", self.to_markdown())
-        js = _atomic_write(out_dir / "report.json", json.dumps(self.to_json(), indent=2, default=_json_default))
+        js = _atomic_write(out_dir / "report.json",
+                           json.dumps(_finite(self.to_json()), indent=2, default=_json_default, allow_nan=False))
         return md, js
 
 
 def _json_default(o: Any) -> Any:
     if isinstance(o, (np.floating, np.integer)):
-        return o.item()
+        return _finite(o.item())
     if isinstance(o, Path):
         return str(o)
-    if isinstance(o, float) and not np.isfinite(o):
-        return None
     raise TypeError(f"cannot serialize {type(o).__name__}")
+
+
+def _finite(o: Any) -> Any:
+    """The JSON tree with NaN/inf replaced by null (report.json stays strict JSON)."""
+    if isinstance(o, float):
+        return o if np.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
 
 
 def _atomic_write(path: Path, text: str) -> Path:

@@ -55,7 +55,7 @@ def test_cli_builds_the_pool_and_prints_top_hypotheses(tmp_path, capsys):
     from autoresearch_dagster.cli import main
 
     logs = tmp_path / "logs.jsonl"
-    lines = Path("examples/logs/demo_chat.jsonl").read_text().splitlines()[:150]
+    lines = (Path(__file__).resolve().parents[2] / "examples/logs/demo_chat.jsonl").read_text().splitlines()[:150]
     logs.write_text("\n".join(lines) + "\n")
     spec = tmp_path / "ep.yaml"
     spec.write_text("name: cli-demo\nmodel: gemma-moe-26b-a4b\nhardware: {gpu: H200, count: 1}\n"
