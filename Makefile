@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: run test venv dev bench clean sglang-parser
+.PHONY: run test venv dev bench clean sglang-parser bench-runner
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,3 +32,7 @@ clean:
 # Optional: SGLang 0.5.23's own argument parser on CPU (about 2.3 GB); scripts/test.sh uses it when present.
 sglang-parser:
 	bash scripts/sglang_parser_extra.sh
+
+# The runner benchmark side by side with sglang.bench_serving (builds .venv-sglang, about 6 GB, once).
+bench-runner: $(VENV)/.installed
+	bash scripts/sglang_venv.sh && $(PY) benchmarks/bench_runner.py --rt
