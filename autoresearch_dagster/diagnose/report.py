@@ -349,6 +349,24 @@ def _profiled_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_r
     return files
 
 
+def _profile(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
+             seed: int, profile_dir: Path, say: Callable[[str], None]) -> tuple[ProfileSummary | None, str | None]:
+    """(summary, None), or (None, why not): an endpoint without a profiler still gets the other evidence."""
+    try:
+        files = _profiled_step(dep, pool, endpoint, rate, n_requests, burstiness=burstiness, seed=seed,
+                               profile_dir=profile_dir)
+    except RuntimeError as e:  # EngineError, or the HTTP runner refusing /start_profile
+        say(f"profile unavailable: {e}")
+        return None, f"profiler failed: {e}"
+    if not files:
+        return None, "the deployment wrote no trace files (no profiler, or traces on another machine)"
+    try:
+        return parse_profile(Path(files[0]).parent if len(files) > 1 else Path(files[0])), None
+    except ProfileError as e:
+        say(f"profile unreadable: {e}")
+        return None, str(e)
+
+
 def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str, Any], out_dir: Path,
              capacity: Any = None, probes: bool = True, profile: bool = True, quick: bool = False,
              settings: Any = None, probe_dirs: list[Path] | None = None, memory_path: Path | None = None,
@@ -388,14 +406,10 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
                                                seed=seed)
         engine_stats = analyze_timeseries(series, resolved)
         step_potential_hit = prefix_reuse(sched)[0]
+        profile_note = "not requested"
         if profile:
-            files = _profiled_step(dep, pool, endpoint, rate, 8 if quick else 16, burstiness=burst, seed=seed,
-                                   profile_dir=out_dir / "profile")
-            if files:
-                try:
-                    prof = parse_profile(Path(files[0]).parent if len(files) > 1 else Path(files[0]))
-                except ProfileError as e:
-                    say(f"profile unreadable: {e}")
+            prof, profile_note = _profile(dep, pool, endpoint, rate, 8 if quick else 16, burstiness=burst, seed=seed,
+                                          profile_dir=out_dir / "profile", say=say)
         if probes:
             recipes = load_recipes(probe_dirs)
             traits = endpoint_traits(endpoint, w)
@@ -437,7 +451,7 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
                "capacity": capacity.to_dict() if hasattr(capacity, "to_dict") else capacity}
     meta = {"engine": getattr(engine, "name", type(engine).__name__), "engine_version": version, "quick": quick,
             "n_requests": len(reqs), "wall_s": time.perf_counter() - t0, "seed": seed,
-            "pool_hash": _safe_hash(pool)}
+            "pool_hash": _safe_hash(pool), "profile": profile_note or "ok"}
     return DiagnosticReport(endpoint=endpoint.name, config=dict(config), hypotheses=hyps, findings=findings,
                             features=features, plots=plot_paths, details=details, meta=meta)
 

@@ -103,3 +103,26 @@ def test_reusing_a_measured_curve_skips_the_search(tmp_path):
     assert CountingEngine.steps == 1  # only the diagnostic step
     assert rep.hypotheses[0].bottleneck == "admission_limit"
     assert rep.details["curve"]["capacity_rps"] == pytest.approx(curve["capacity_rps"])
+
+
+def test_endpoint_without_profiler_still_gets_a_report(tmp_path):
+    from autoresearch_dagster.diagnose import diagnose
+    from autoresearch_dagster.diagnose.scenarios import build_scenario_pool
+    from autoresearch_dagster.engines.base import EngineError
+    from autoresearch_dagster.engines.emulator import EmulatorEngine
+
+    class NoProfiler(EmulatorEngine):
+        def deploy(self, config, *, seed=0):
+            dep = super().deploy(config, seed=seed)
+
+            def refuse(_dir):
+                raise EngineError("this endpoint exposes no /start_profile")
+            dep.start_profile = refuse
+            return dep
+
+    s = scenario("admission_limit")
+    ep = s.endpoint()
+    rep = diagnose(ep, build_scenario_pool(s, tmp_path), engine=NoProfiler(ep), config=s.config,
+                   out_dir=tmp_path / "r", quick=True, probes=False, profile=True)
+    assert "no /start_profile" in rep.meta["profile"] and rep.details["profile"] is None
+    assert rep.hypotheses[0].bottleneck == "admission_limit"
