@@ -154,8 +154,15 @@ def resolved_knobs(server_info: dict[str, Any] | None, config: dict[str, Any]) -
     """Knob values as the server resolved them (``/server_info``), falling back to the requested config."""
     info = server_info or {}
     out = {k: info[k] for k in KNOBS if k in info}
+    states = info.get("internal_states") or []
+    if out.get("max_running_requests") is None and states and isinstance(states[0], dict):
+        # SGLang leaves the field unset and reports the cap it computed per DP worker here
+        eff = states[0].get("effective_max_running_requests_per_dp")
+        if eff:
+            out["max_running_requests"] = int(eff) * max(1, len(states))
     for k, v in config.items():
-        out.setdefault(k, v)
+        if out.get(k) is None:
+            out[k] = v
     return out
 
 

@@ -150,3 +150,13 @@ def test_emulator_metrics_exposition_round_trips():
     cfg = dep.server_info()
     st = analyze_timeseries([dep.metrics_text()], cfg)
     assert st.max_running_requests == 32 and st.cuda_graph_max_bs == cfg["cuda_graph_max_bs_decode"]
+
+
+def test_resolved_knobs_prefer_the_servers_values():
+    from autoresearch_dagster.diagnose.report import resolved_knobs
+
+    info = {"max_running_requests": None, "cuda_graph_max_bs_decode": 256, "tp_size": 1,
+            "internal_states": [{"effective_max_running_requests_per_dp": 1024}], "model_path": "x"}
+    r = resolved_knobs(info, {"chunked_prefill_size": 4096})
+    assert r["max_running_requests"] == 1024 and r["cuda_graph_max_bs_decode"] == 256
+    assert r["chunked_prefill_size"] == 4096 and "model_path" not in r
