@@ -394,6 +394,16 @@ def token_change_check(source_total: int, pool_total: int, th: FidelityThreshold
     return check
 
 
+def format_brief(report: dict) -> str:
+    """One line (plus one per failure): the verdict and how many checks passed, failed or were skipped."""
+    checks = report["checks"].values()
+    skipped = sum(1 for c in checks if c.get("skipped"))
+    failed = sum(1 for c in checks if not c["passed"])
+    line = (f"fidelity: {'PASSED' if report['passed'] else 'FAILED'} ({len(report['checks']) - skipped - failed} passed, "
+            f"{failed} failed, {skipped} skipped)")
+    return "\n".join([line] + [f"  -> {f}" for f in report.get("failures", [])])
+
+
 def format_report(report: dict) -> str:
     lines = [f"fidelity: {'PASSED' if report['passed'] else 'FAILED'}"]
     for name, c in report["checks"].items():

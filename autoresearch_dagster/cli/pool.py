@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from autoresearch_dagster.fidelity import format_report
+from autoresearch_dagster.fidelity import format_brief, format_report
 from autoresearch_dagster.spec import SpecError
 
 
@@ -52,7 +52,8 @@ def _build(args: argparse.Namespace) -> int:
     print(f"  prompt tokens: {s['prompt_tokens_pool']} in pool vs {s['prompt_tokens_source']} in source "
           f"({100 * s['prompt_token_change']:+.3f}%), counter {s['token_counter']}")
     print(f"  splits: {s['splits']}; built in {s['build_seconds']} s")
-    print(format_report(res.fidelity))
+    print(format_brief(res.fidelity))
+    print(f"  details: autoresearch pool fidelity --pool {args.out}")
     return 0 if res.fidelity["passed"] else 1
 
 
