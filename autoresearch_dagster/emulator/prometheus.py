@@ -27,7 +27,7 @@ _HELP = {
     "sglang:cache_hit_rate": "The prefix cache hit rate.",
     "sglang:max_total_num_tokens": "Maximum total number of tokens in the KV cache pool.",
     "sglang:spec_accept_length": "The average acceptance length of speculative decoding.",
-    "sglang:num_retracted_reqs_total": "Total number of retracted requests.",
+    "sglang:num_retracted_requests_total": "Total number of retracted requests.",
     "sglang:prompt_tokens_total": "Number of prefill tokens processed.",
     "sglang:generation_tokens_total": "Number of generation tokens processed.",
     "sglang:cached_tokens_total": "Number of cached prompt tokens.",
