@@ -141,6 +141,7 @@ def diagnostic_report(context: dg.AssetExecutionContext, registry: EndpointRegis
     out_dir = store.dir(name, "diagnostic_report")
     report = diagnose(spec, _pool(store, name), engine=engines.make(spec), config=baseline["server_config"],
                       out_dir=out_dir, capacity=curve, quick=settings.quick_diagnosis,
+                      probes=settings.diagnosis_probes,
                       memory_path=memory.dir() / "probes.jsonl", seed=settings.seed, progress=context.log.info)
     data = json_safe(report.to_json())
     json_path = store.write_json(name, "diagnostic_report", "report.json", data)

@@ -41,6 +41,8 @@ from resources import (  # noqa: E402
 from sensors import endpoint_discovery_sensor, loop_automation, new_logs_sensor, promotion_sensor  # noqa: E402
 from sensors.discovery import FIRST_RUN_ASSETS  # noqa: E402
 
+from autoresearch_dagster.spec import SpecError  # noqa: E402
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 OBSERVE_ENGINE_JOB = "observe_engine_version"
 ASSETS = [engine_version, replay_pool, confirmed_baseline, noise_baseline, diagnostic_report, proposals,
@@ -101,14 +103,14 @@ def prepare_dagster_home(home: str | Path | None = None, storage: str | None = N
     storage = storage or os.environ.get("AUTORESEARCH_DAGSTER_STORAGE", "sqlite")
     template = STORAGE_TEMPLATES / storage / "dagster.yaml"
     if not template.exists():
-        raise ValueError(f"unknown instance storage {storage!r}; choose one of: "
+        raise SpecError(f"unknown instance storage {storage!r}; choose one of: "
                          f"{', '.join(sorted(p.name for p in STORAGE_TEMPLATES.iterdir() if p.is_dir()))}")
     text = template.read_text()
     if storage == "postgres":
         missing = [v for v in ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USERNAME", "DAGSTER_PG_DB")
                    if not os.environ.get(v)]
         if missing:
-            raise ValueError(f"Postgres instance storage needs {', '.join(missing)} "
+            raise SpecError(f"Postgres instance storage needs {', '.join(missing)} "
                              "(eval \"$(bash scripts/pg.sh start)\" starts a throwaway cluster)")
         if "DAGSTER_PG_PASSWORD" not in os.environ:
             text = "\n".join(line for line in text.splitlines() if "DAGSTER_PG_PASSWORD}" not in line) + "\n"
@@ -317,3 +319,8 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
     say(f"  Dagster UI:     DAGSTER_HOME={inst.root_directory} dagster dev -w workspace.yaml")
     return {"rounds": rounds, "duckdb": str(lake.duckdb_path()), "dagster_home": inst.root_directory,
             "out": str(out)}
+
+
+if __name__ == "__main__":
+    # `python -m autoresearch_dagster.definitions` renders $DAGSTER_HOME/dagster.yaml (e.g. before `dagster dev`)
+    print(prepare_dagster_home())

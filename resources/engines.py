@@ -37,6 +37,7 @@ class MeasurementSettings(dg.ConfigurableResource):
     max_runs_per_arm: int = 20
     experiments_per_round: int = 1
     quick_diagnosis: bool = False
+    diagnosis_probes: bool = True
     seed: int = 0
 
     @classmethod

@@ -12,10 +12,11 @@ from autoresearch_dagster.results import ResultsLake
 from resources import MeasurementSettings
 from sensors import promotion_sensor
 
-# Short steps starting near the knee: runs take ~1 s each in virtual time and still agree on capacity.
-SMALL = MeasurementSettings(step_duration_s=15.0, min_completed=100, warmup_s=3.0, start_rps=8.0, max_steps=12,
+# Short steps starting near the knee: runs take ~2 s each in virtual time and still agree on capacity;
+# diagnosis without probes (the diagnosis tests cover them).
+SMALL = MeasurementSettings(step_duration_s=10.0, min_completed=60, warmup_s=2.0, start_rps=8.0, max_steps=12,
                             resolution=0.1, noise_runs=5, initial_runs_per_arm=2, max_runs_per_arm=2,
-                            quick_diagnosis=True)
+                            quick_diagnosis=True, diagnosis_probes=False)
 
 
 def _mats(instance, key):
