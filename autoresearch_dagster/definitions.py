@@ -301,6 +301,10 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
                         tags={MAIN_TAG: f"automation-tick-{n}"}, run_config=QUIET))
         rounds.append(_round_summary(inst, name, "2 (after promotion)"))
 
+    last = rounds[-1]
+    if len(rounds) > 1 and last["promote"]:
+        say(f"round 2 decided to promote {last['candidate']}: the promotion sensor promotes it under "
+            "`dagster dev` (and the automation reruns the lineage again)")
     lake = ResultsLake(out / "lake")
     lake.refresh_views()
     say("")

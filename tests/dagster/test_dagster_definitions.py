@@ -52,3 +52,16 @@ def test_workspace_yaml_is_the_only_loader_config():
     assert ws["load_from"][0]["python_module"]["module_name"] == "autoresearch_dagster.definitions"
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", {})
     assert "dagster" not in tool and "dg" not in tool
+
+
+def test_run_command_is_registered_and_reports_user_errors(tmp_path, capsys, monkeypatch):
+    from autoresearch_dagster.cli import main
+
+    assert main(["run", "--endpoint", str(tmp_path / "missing.yaml"), "--dagster-home", str(tmp_path)]) == 2
+    assert "missing.yaml does not exist" in capsys.readouterr().err
+    for var in ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USERNAME", "DAGSTER_PG_DB"):
+        monkeypatch.delenv(var, raising=False)
+    spec = ROOT / "examples/endpoints/demo.yaml"
+    assert main(["run", "--endpoint", str(spec), "--storage", "postgres", "--dagster-home", str(tmp_path),
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "Postgres instance storage needs DAGSTER_PG_HOST" in capsys.readouterr().err
