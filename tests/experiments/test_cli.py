@@ -11,7 +11,7 @@ from autoresearch_dagster.cli import main
 
 from .fakes import FakeEngine, make_pool
 
-SMALL = ["--step-duration", "20", "--min-completed", "5", "--resolution", "0.01"]
+SMALL = ["--step-duration", "6", "--min-completed", "5", "--resolution", "0.01"]
 
 
 @pytest.fixture

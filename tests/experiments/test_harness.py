@@ -14,7 +14,7 @@ from autoresearch_dagster.spec import Budget, EndpointSpec
 from .fakes import Faults, FakeEngine, make_pool
 
 BASE = 10.0
-FAST = CapacitySettings(step_duration_s=20, min_completed=5, warmup_s=0, resolution=0.01, start_rps=1.0)
+FAST = CapacitySettings(step_duration_s=6, min_completed=5, warmup_s=0, resolution=0.01, start_rps=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -92,17 +92,26 @@ def test_undecided_adds_runs_then_stops_at_the_cap_as_same(endpoint, pool):
     assert res.runs_baseline == res.runs_candidate == 6
 
 
-def test_wall_budget_stop_is_same_with_the_reason(endpoint, pool):
+def test_wall_budget_stop_is_same_with_the_reason(endpoint, pool, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(harness.time, "monotonic", lambda: clock[0])
     eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.02}), noise_cv=0.06)
+    deploy = eng.deploy
+
+    def slow_deploy(config, *, seed=0):
+        clock[0] += 1.0  # every run costs one second of (fake) wall time
+        return deploy(config, seed=seed)
+    eng.deploy = slow_deploy
     res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
-                         settings=settings(confirm=False), budget=Budget(max_wall_s=0.0))
+                         settings=settings(), budget=Budget(max_wall_s=0.0))
     assert res.verdict == "invalid" and "fewer than 2 valid runs" in res.invalid_reasons[0]
+    clock[0] = 0.0
     res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
-                         settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_wall_s=0.6),
-                         noise_cv=0.005)
-    assert res.verdict in ("same", "better", "worse")
-    if res.verdict == "same":
-        assert "budget" in res.reason or "run cap" in res.reason
+                         settings=settings(), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=12,
+                                                            max_wall_s=8.5), noise_cv=0.005)
+    assert len(res.runs) == 9  # the 10th run would start after the budget
+    assert res.verdict == "same" and "wall-time budget exhausted" in res.reason
+    assert not res.stats.equivalence_shown
 
 
 @pytest.mark.parametrize("faults, needle", [
@@ -166,8 +175,8 @@ def test_lossy_candidate_runs_the_correctness_gate_first(endpoint, pool, monkeyp
     assert calls and res.correctness["passed"] is False and "kl too high" in res.invalid_reasons[0]
     monkeypatch.setattr(correctness, "emulated_gate", lambda b, c, seed=0, **kw: Gate(True))
     res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "fcfs", "kv_cache_dtype": "fp8_e4m3"},
-                         pool, engine=eng, settings=settings())
-    assert res.verdict == "same" and res.correctness["passed"] is True
+                         pool, engine=eng, settings=settings(), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=3))
+    assert res.verdict in ("same", "better", "worse") and res.correctness["passed"] is True and res.runs
 
 
 def test_noise_measurement_and_campaign_reuse(endpoint, pool, tmp_path):
@@ -195,7 +204,8 @@ def test_ablation_says_which_change_carries_the_gain(endpoint, pool):
     eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.25}), noise_cv=0.01)
     res = run_ablation(endpoint, endpoint.server_config,
                        {"policy": {"schedule_policy": "lpm"}, "chunk": {"chunked_prefill_size": 4096}},
-                       pool, engine=eng, settings=settings(confirm=False), noise_cv=0.01)
+                       pool, engine=eng, settings=settings(confirm=False), noise_cv=0.002,
+                       budget=Budget(initial_runs_per_arm=4, max_runs_per_arm=4))
     assert res.combined.verdict == "better"
     assert res.attribution["policy"]["role"] == "carries gain"
     assert res.attribution["chunk"]["role"] == "no effect"
