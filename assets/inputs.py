@@ -13,6 +13,14 @@ from resources import EndpointRegistry, EngineFactory
 def engine_version(registry: EndpointRegistry, engines: EngineFactory) -> dg.ObserveResult:
     """The version each endpoint's engine reports (emulator build, SGLang release). A new version
     re-measures the noise floor and re-runs diagnosis; re-observing the same version does nothing."""
-    versions = {spec.name: f"{spec.engine}:{engines.version(spec)}" for spec in registry.specs()}
+    from autoresearch_dagster.engines.base import EngineError
+    from autoresearch_dagster.spec import SpecError
+
+    versions = {}
+    for spec in registry.specs():
+        try:
+            versions[spec.name] = f"{spec.engine}:{engines.version(spec)}"
+        except (EngineError, SpecError) as e:  # one endpoint's missing engine must not hide the others'
+            versions[spec.name] = f"{spec.engine}:unavailable ({e})"
     joined = ";".join(f"{k}={v}" for k, v in sorted(versions.items()))
     return dg.ObserveResult(data_version=dg.DataVersion(joined), metadata={"versions": dg.MetadataValue.json(versions)})

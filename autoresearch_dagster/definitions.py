@@ -140,6 +140,13 @@ def execute(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, 
                                   run_config=run_config, tags=tags, raise_on_error=raise_on_error)
 
 
+def _execute_quiet(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, assets: list[dg.AssetKey],
+                   **kw) -> dg.ExecuteInProcessResult:
+    """A main-job run: console logging at WARNING, failures returned (and judged by _run_checked)."""
+    return execute(defs, instance, partition, assets, raise_on_error=False,
+                   **{**kw, "run_config": _merge_config(kw.get("run_config"))})
+
+
 def observe_engine_version(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     """One observation run of the engine_version source asset."""
     return defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=instance, run_config=QUIET)
@@ -161,19 +168,31 @@ def _latest_storage_id(instance: dg.DagsterInstance, key: str) -> int | None:
     return recs[0].storage_id if recs else None
 
 
-def _metadata(instance: dg.DagsterInstance, key: str, partition: str) -> dict:
+def _latest(instance: dg.DagsterInstance, key: str, partition: str) -> tuple[int, dict]:
     recs = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[partition]), limit=1).records
-    return {k: v.value for k, v in recs[0].asset_materialization.metadata.items()} if recs else {}
+    if not recs:
+        return -1, {}
+    return recs[0].storage_id, {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
+
+
+def _blocking_check_failures(result: dg.ExecuteInProcessResult) -> list[str]:
+    """Names of the blocking checks that failed in a run (Dagster fails the run and skips downstream)."""
+    return [f"{e.event_specific_data.asset_key.to_user_string()}: {e.event_specific_data.check_name}"
+            for e in result.all_events
+            if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION and not e.event_specific_data.passed
+            and e.event_specific_data.severity == dg.AssetCheckSeverity.ERROR]
 
 
 def _run_checked(say, what: str, run) -> dg.ExecuteInProcessResult:
-    """Execute ``run()`` (one Dagster run), report it with its wall time, raise if it failed."""
+    """Execute ``run()`` (one Dagster run), report it with its wall time. A run stopped by a failed
+    blocking check is an outcome of the loop (reported, downstream skipped); any other failure raises."""
     t0 = time.monotonic()
     result = run()
-    status = "ok" if result.success else "FAILED"
+    blocked = _blocking_check_failures(result) if not result.success else []
+    status = "ok" if result.success else f"stopped by blocking check {', '.join(blocked)}" if blocked else "FAILED"
     say(f"  run {result.run_id[:8]} {what}: {status} ({time.monotonic() - t0:.0f} s)")
-    if not result.success:
+    if not result.success and not blocked:
         failures = [e.message for e in result.all_events if e.is_failure]
         raise RuntimeError(f"Dagster run {result.run_id} ({what}) failed: {failures[:1]}")
     return result
@@ -189,12 +208,13 @@ def _requested_by_tick(result: dg.EvaluateAutomationConditionsResult) -> dict[st
 
 
 def _round_summary(instance: dg.DagsterInstance, name: str, label: str) -> dict:
-    noise = _metadata(instance, "noise_baseline", name)
-    exp = _metadata(instance, "experiment_results", name)
-    dec = _metadata(instance, "promotion_decision", name)
-    base = _metadata(instance, "confirmed_baseline", name)
-    verdicts = exp.get("verdicts") or []
-    v = verdicts[0] if verdicts else {}
+    _, noise = _latest(instance, "noise_baseline", name)
+    exp_id, exp = _latest(instance, "experiment_results", name)
+    dec_id, dec = _latest(instance, "promotion_decision", name)
+    _, base = _latest(instance, "confirmed_baseline", name)
+    if dec_id < exp_id:  # the blocking correctness gate stopped the round before its decision
+        dec = {"promote": False, "reason": "no decision: a failed blocking check (correctness_gate) stopped it"}
+    v = (exp.get("verdicts") or [{}])[0]
     return {"round": label, "baseline": f"{base.get('candidate_id')} ({base.get('config_hash')})",
             "capacity_rps": noise.get("capacity_rps"), "noise_cv": noise.get("capacity_cv"),
             "candidate": v.get("candidate_id", "-"), "verdict": v.get("verdict", "-"),
@@ -252,16 +272,16 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
                                   tags={"autoresearch/endpoint": name, MAIN_TAG: "reseed"})]
     for req in requests:
         _run_checked(say, f"{req.partition_key}: replay_pool + replay_fidelity + confirmed_baseline",
-                     lambda req=req: execute(defs, inst, req.partition_key, list(req.asset_selection),
-                                             tags=dict(req.tags), run_config=QUIET))
+                     lambda req=req: _execute_quiet(defs, inst, req.partition_key, list(req.asset_selection),
+                                                    tags=dict(req.tags)))
 
     say("2. engine_version observation")
     _run_checked(say, "observe engine_version", lambda: observe_engine_version(defs, inst))
 
     decisions_before = _latest_storage_id(inst, "promotion_decision")
     say("3. round 1: noise_baseline → diagnostic_report → proposals → experiment_results → promotion_decision")
-    _run_checked(say, "round 1", lambda: execute(defs, inst, name, [dg.AssetKey(k) for k in ROUND_ASSETS],
-                                                 tags={MAIN_TAG: "round-1"}, run_config=QUIET))
+    _run_checked(say, "round 1", lambda: _execute_quiet(defs, inst, name, [dg.AssetKey(k) for k in ROUND_ASSETS],
+                                                        tags={MAIN_TAG: "round-1"}))
     rounds = [_round_summary(inst, name, "1")]
     report = json.loads((out / name / "diagnostic_report" / "report.json").read_text())
     say("  top hypotheses: " + "; ".join(f"{h['bottleneck']} ({h['score']:.2f}, try {', '.join(h['knobs'][:3])})"
@@ -277,10 +297,10 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
     for req in mine:
         cfg = req.run_config["ops"]["confirmed_baseline"]["config"]
         _run_checked(say, f"promote {cfg['candidate_id']} (run_key {req.run_key})",
-                     lambda req=req: execute(defs, inst, name, list(req.asset_selection),
-                                             run_config=_merge_config(req.run_config),
-                                             tags={**req.tags, "dagster/sensor_name": "promotion_sensor",
-                                                   "dagster/run_key": req.run_key}))
+                     lambda req=req: _execute_quiet(defs, inst, name, list(req.asset_selection),
+                                                    run_config=req.run_config,
+                                                    tags={**req.tags, "dagster/sensor_name": "promotion_sensor",
+                                                          "dagster/run_key": req.run_key}))
 
         say("5. lineage rerun: automation sensor ticks (evaluate_automation_conditions)")
         for n in range(1, 6):
@@ -296,9 +316,9 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
                     _run_checked(say, "observe engine_version", lambda: observe_engine_version(defs, inst))
                     keys = keys - {dg.AssetKey("engine_version")}
                 if keys and partition is not None:
-                    _run_checked(say, f"automation tick {n}", lambda p=partition, k=keys, n=n: execute(
+                    _run_checked(say, f"automation tick {n}", lambda p=partition, k=keys, n=n: _execute_quiet(
                         defs, inst, p, sorted(k, key=lambda a: a.to_user_string()),
-                        tags={MAIN_TAG: f"automation-tick-{n}"}, run_config=QUIET))
+                        tags={MAIN_TAG: f"automation-tick-{n}"}))
         rounds.append(_round_summary(inst, name, "2 (after promotion)"))
 
     last = rounds[-1]
@@ -314,6 +334,8 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
         ci = f"{_fmt(r['ratio'], '.3f')} [{_fmt(r['ci'][0], '.3f')}, {_fmt(r['ci'][1], '.3f')}]"
         say(f"{r['round']:<20} {r['baseline']:<28} {_fmt(r['capacity_rps'], '12.2f')} "
             f"{_fmt(r['noise_cv'], '9.2%')} {r['candidate']:<30} {r['verdict']:<8} {ci:<22} {r['promote']}")
+    for r in rounds:
+        say(f"  round {r['round']}: {r['reason']}")
     say("")
     say("where to look:")
     say(f"  DuckDB views:   duckdb {lake.duckdb_path()}   (or: autoresearch sql \"SELECT * FROM verdict_history\")")
