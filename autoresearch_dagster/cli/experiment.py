@@ -89,6 +89,6 @@ def render(v: dict) -> str:
                                              f"kl_mean={v['correctness'].get('kl_mean')}" if v["correctness"] else ""))
     if v["invalid_reasons"]:
         lines.append("  invalid: " + "; ".join(v["invalid_reasons"]))
-    lines.append("  stages: " + "; ".join(f"{s['stage']}: {s['verdict']} (n={s['n_baseline']}/{s['n_candidate']})"
-                                           for s in v["stages"]))
+    lines.append("  stages: " + ("; ".join(f"{s['stage']}: {s['verdict']} (n={s['n_baseline']}/{s['n_candidate']})"
+                                            for s in v["stages"]) or "none (no comparison was run)"))
     return "\n".join(lines)
