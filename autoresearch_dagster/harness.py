@@ -374,6 +374,8 @@ class NoiseResult:
                 "median": self.floor.median, "ci_low": self.floor.ci_low, "ci_high": self.floor.ci_high,
                 "ci_method": self.floor.ci_method, "mean": self.floor.mean, "std": self.floor.std,
                 "reference_rps": self.reference_rps, "latency_spread": self.latency_spread,
+                "comparison_noise_floor": {str(n): stats.aa_noise_floor(self.floor.cv, n, n)
+                                           for n in stats.RUN_SCHEDULE} if math.isfinite(self.floor.cv) else {},
                 "invalid_runs": [{"run_id": r.run_id, "seed": r.seed, "invalid_reasons": r.invalid_reasons}
                                  for r in self.runs if not r.valid],
                 "run_details": [r.to_dict() for r in self.runs]}

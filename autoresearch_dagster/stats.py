@@ -5,8 +5,8 @@ Pure functions over run-level numbers (one capacity per independent run); no I/O
 Bootstrap choice: ``scipy.stats.bootstrap`` with the BCa interval (95%, 10,000 resamples, whole
 runs resampled within each arm, seeded), as methods.md §1 recommends. Capacities are quantised by
 the capacity search, so BCa can be undefined (all resampled statistics equal, or a jackknife with
-no spread); then the percentile interval is used, and when every run of an arm is identical the
-interval collapses to the point estimate. The method actually used is recorded in the result.
+no spread); then the percentile interval is used, and when the runs within every arm are identical
+the interval collapses to the point estimate. The method actually used is recorded in the result.
 """
 from __future__ import annotations
 
