@@ -142,7 +142,7 @@ def execute(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, 
 
 def _execute_quiet(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, assets: list[dg.AssetKey],
                    **kw) -> dg.ExecuteInProcessResult:
-    """A main-job run: console logging at WARNING, failures returned (and judged by _run_checked)."""
+    """A main-job run: console logging off, failures returned (and judged by _run_checked)."""
     return execute(defs, instance, partition, assets, raise_on_error=False,
                    **{**kw, "run_config": _merge_config(kw.get("run_config"))})
 
@@ -154,7 +154,8 @@ def observe_engine_version(defs: dg.Definitions, instance: dg.DagsterInstance) -
 
 # ---------------------------------------------------------------- the main job
 
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# Dagster's console logger stays quiet: _run_checked reports each run (and raises with the error on failure)
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 ROUND_ASSETS = ["noise_baseline", "diagnostic_report", "proposals", "experiment_results", "promotion_decision"]
 MAIN_TAG = "autoresearch/main_job"
 
