@@ -21,7 +21,7 @@ test: $(VENV)/.installed
 	bash scripts/test.sh
 
 dev: $(VENV)/.installed
-	mkdir -p $(DAGSTER_HOME) && $(VENV)/bin/dagster dev -w workspace.yaml
+	$(PY) -m autoresearch_dagster.definitions && $(VENV)/bin/dagster dev -w workspace.yaml
 
 bench: $(VENV)/.installed
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
