@@ -64,7 +64,12 @@ def ratio_png(verdicts: list[dict[str, Any]], out: Path, *, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(7, 0.6 * max(len(verdicts), 1) + 1.5), dpi=90)
     for i, v in enumerate(verdicts):
         r, lo, hi = v.get("ratio_median"), v.get("ci_low"), v.get("ci_high")
-        if r is None:
+        if r is None:  # no comparison (invalid run, failed gate): say why instead of leaving a blank row
+            reasons = v.get("invalid_reasons") or []
+            why = (reasons[0] if reasons else "no ratio").split(";")[0][:70]
+            ax.plot([1.0], [i], "x", color="tab:red", ms=9)
+            ax.annotate(f"{v.get('verdict', '?')}: {why}", (1.0, i), textcoords="offset points",
+                        xytext=(8, -3), fontsize=8, color="tab:red")
             continue
         ax.errorbar([r], [i], xerr=[[r - (lo if lo is not None else r)], [(hi if hi is not None else r) - r]],
                     fmt="o", capsize=4)
