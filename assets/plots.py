@@ -50,13 +50,7 @@ def load_curves_png(runs: list[dict[str, Any]], sla: SLA, out: Path, *, title: s
     ax.set_yscale("log")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return _save(fig, out)
 
 
 def ratio_png(verdicts: list[dict[str, Any]], out: Path, *, title: str) -> Path:
@@ -81,6 +75,11 @@ def ratio_png(verdicts: list[dict[str, Any]], out: Path, *, title: str) -> Path:
     ax.set_xlabel("candidate / baseline median capacity")
     ax.set_title(title)
     ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def _save(fig, out: Path) -> Path:
+    """Write the figure atomically (temp file + rename) and close it."""
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp.png")

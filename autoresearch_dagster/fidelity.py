@@ -40,15 +40,15 @@ class FidelityThresholds:
 _MASK64 = 2**64 - 1
 
 
-def _mix64(x: int) -> int:
-    """splitmix64: a uniform 64-bit hash of an integer (scalar twin of ``_mix64_np``)."""
+def mix64(x: int) -> int:
+    """splitmix64: a uniform 64-bit hash of an integer (scalar twin of ``mix64_np``)."""
     z = (x + 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return z ^ (z >> 31)
 
 
-def _mix64_np(x: np.ndarray) -> np.ndarray:
+def mix64_np(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         z = np.asarray(x).astype(np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -75,7 +75,7 @@ class PrefixCache:
         while len(self._seen) > self.max_tracked:
             self.level += 1
             mask = (1 << self.level) - 1
-            self._seen = {h for h in self._seen if _mix64(h) & mask == 0}
+            self._seen = {h for h in self._seen if mix64(h) & mask == 0}
 
     def add(self, hashes: Iterable[int]) -> None:
         if self.level == 0:
@@ -89,7 +89,7 @@ class PrefixCache:
             mask = (1 << self.level) - 1
             for h in hashes:
                 self.total += 1
-                if _mix64(h) & mask == 0:
+                if mix64(h) & mask == 0:
                     self._seen.add(h)
         if len(self._seen) > self.max_tracked:
             self._shrink()
@@ -101,7 +101,7 @@ class PrefixCache:
         self.total += len(hashes)
         u = np.unique(hashes) if unique is None else unique
         if self.level:
-            u = u[(_mix64_np(u) & np.uint64((1 << self.level) - 1)) == 0]
+            u = u[(mix64_np(u) & np.uint64((1 << self.level) - 1)) == 0]
         self._seen.update(u.tolist())
         if len(self._seen) > self.max_tracked:
             self._shrink()
@@ -261,7 +261,7 @@ class WorkloadStats:
     def _resample(self) -> None:
         while len(self._keys) > self.max_samples:
             self.level += 1
-            keep = (_mix64_np(np.frombuffer(self._keys, np.int64)) & np.uint64((1 << self.level) - 1)) == 0
+            keep = (mix64_np(np.frombuffer(self._keys, np.int64)) & np.uint64((1 << self.level) - 1)) == 0
             for name in ("_keys", "prompt_tokens", "output_tokens"):
                 setattr(self, name, array("q", np.frombuffer(getattr(self, name), np.int64)[keep].tobytes()))
 
@@ -271,7 +271,7 @@ class WorkloadStats:
         self.n += 1
         self.prompt_sum += prompt_tokens
         self.output_sum += output_tokens
-        if self.level == 0 or _mix64(key) & ((1 << self.level) - 1) == 0:
+        if self.level == 0 or mix64(key) & ((1 << self.level) - 1) == 0:
             self._keys.append(key)
             self.prompt_tokens.append(prompt_tokens)
             self.output_tokens.append(output_tokens)
@@ -290,7 +290,7 @@ class WorkloadStats:
         self.prompt_sum += int(np.sum(prompt_tokens))
         self.output_sum += int(np.sum(output_tokens))
         keep = slice(None) if self.level == 0 else \
-            (_mix64_np(keys) & np.uint64((1 << self.level) - 1)) == 0
+            (mix64_np(keys) & np.uint64((1 << self.level) - 1)) == 0
         self._keys.frombytes(keys[keep].tobytes())
         self.prompt_tokens.frombytes(np.ascontiguousarray(prompt_tokens, np.int64)[keep].tobytes())
         self.output_tokens.frombytes(np.ascontiguousarray(output_tokens, np.int64)[keep].tobytes())

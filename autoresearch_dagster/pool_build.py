@@ -25,7 +25,8 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from autoresearch_dagster.fidelity import FidelityThresholds, WorkloadStats, compare, ks_check, token_change_check
+from autoresearch_dagster.fidelity import (FidelityThresholds, WorkloadStats, compare, ks_check, mix64_np,
+                                          token_change_check)
 from autoresearch_dagster.logs import (MOONCAKE_BLOCK_TOKENS, LogRecord, LogSource, Rejected, ReorderWindow, TraceChunk,
                                       open_log)
 from autoresearch_dagster.pool import (POOL_SCHEMA, SPLIT_TRAINING_PERCENT, PoolWriter, assemble_trace_text,
@@ -99,27 +100,9 @@ def _resolve_key(key: bytes | None) -> tuple[bytes, str]:
     return os.urandom(32), "random-per-process"
 
 
-_MASK64 = 2**64 - 1
-
-
-def _mix64(x: int) -> int:
-    """splitmix64 of a line number: a cheap deterministic hash (scalar twin of ``_mix64_np``)."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def _mix64_np(x: np.ndarray) -> np.ndarray:
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 def _trace_training(chunk: TraceChunk) -> np.ndarray:
     """Split of trace rows: by session id when the trace has one, else by line (90/10, deterministic)."""
-    training = (_mix64_np(chunk.line) % np.uint64(100)) < np.uint64(SPLIT_TRAINING_PERCENT)
+    training = (mix64_np(chunk.line) % np.uint64(100)) < np.uint64(SPLIT_TRAINING_PERCENT)
     if chunk.conversation is not None:
         for i, c in enumerate(chunk.conversation):
             if c is not None:
@@ -139,7 +122,7 @@ class _TraceRows:
         n, bt = len(ch), self.block_tokens
         self.writer.add_blocks(unique.tolist())
         lens = np.diff(ch.hash_offsets)
-        seeds = (_mix64_np(ch.line) & np.uint64(2**63 - 1)).astype(np.int64)
+        seeds = (mix64_np(ch.line) & np.uint64(2**63 - 1)).astype(np.int64)
         tail = ch.n_in - np.minimum(lens, ch.n_in // bt) * bt
         cols = {
             "id": pa.array([f"line-{x}" for x in ch.line.tolist()], pa.string()),
