@@ -50,6 +50,18 @@ def _hash_obj(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+INTERP_METRIC = "capacity_interp_rps"
+
+
+def capacity_metric(settings: "HarnessSettings") -> str:
+    """The RunRecord field a capacity verdict compares, from ``settings.estimator``."""
+    return INTERP_METRIC if settings.estimator == "interp" else "capacity_rps"
+
+
+def _estimator(metric: str) -> str:
+    return {"replay_capacity": "replay search", INTERP_METRIC: "interp"}.get(metric, "search")
+
+
 def schedule_from_budget(budget: Budget | None) -> tuple[int, ...]:
     """Runs per arm at each stage: initial, doubling, capped (5 -> 10 -> 20 by default)."""
     b = budget or Budget()
@@ -75,6 +87,10 @@ class HarnessSettings:
     warmup_requests: int = WARMUP_REQUESTS
     seed: int = 0
     gate_options: dict[str, Any] = field(default_factory=dict)  # passed to the correctness gate
+    # per-run capacity statistic of the verdict: "interp" = measure.interpolate_capacity (the rate where
+    # the SLA ratio crosses 1; a run without a crossing falls back to its search capacity), "search" =
+    # the highest confirmed passing rate of the grow + bisect search
+    estimator: Literal["interp", "search"] = "interp"
 
 
 # ---------------------------------------------------------------- campaign
@@ -171,6 +187,7 @@ class RunRecord:
     capacity_rps: float | None = None
     capacity_rps_per_gpu: float | None = None
     replay_capacity: float | None = None
+    capacity_interp_rps: float | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     shape: dict[str, Any] | None = None
     reference_step: dict[str, Any] | None = None
@@ -181,7 +198,11 @@ class RunRecord:
     started_at: str = ""
 
     def value(self, metric: str) -> float | None:
-        return self.replay_capacity if metric == "replay_capacity" else self.capacity_rps
+        if metric == "replay_capacity":
+            return self.replay_capacity
+        if metric == INTERP_METRIC and self.capacity_interp_rps is not None:
+            return self.capacity_interp_rps
+        return self.capacity_rps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -277,6 +298,7 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
                                             settings=settings.capacity, seed=seed)
                 rec.capacity_rps = float(cap.capacity_rps)
                 rec.capacity_rps_per_gpu = float(cap.capacity_rps_per_gpu)
+                rec.capacity_interp_rps = cap.capacity_interp_rps
                 rec.steps = [_step_dict(s) for s in cap.steps]
                 if not cap.valid:
                     rec.invalid_reasons += list(cap.invalid_reasons) or ["capacity search invalid"]
@@ -362,6 +384,7 @@ class NoiseResult:
     latency_spread: dict[str, dict[str, float]]
     runs: list[RunRecord]
     noise_id: str = ""
+    estimator: str = "search"  # which per-run capacity the spread is of (HarnessSettings.estimator)
 
     @property
     def capacity_cv(self) -> float:
@@ -373,6 +396,7 @@ class NoiseResult:
                 "capacity_cv": self.floor.cv, "runs": len(self.capacities), "capacities": self.capacities,
                 "median": self.floor.median, "ci_low": self.floor.ci_low, "ci_high": self.floor.ci_high,
                 "ci_method": self.floor.ci_method, "mean": self.floor.mean, "std": self.floor.std,
+                "estimator": self.estimator,
                 "reference_rps": self.reference_rps, "latency_spread": self.latency_spread,
                 "comparison_noise_floor": {str(n): stats.aa_noise_floor(self.floor.cv, n, n)
                                            for n in stats.RUN_SCHEDULE} if math.isfinite(self.floor.cv) else {},
@@ -409,7 +433,7 @@ def measure_noise(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, 
         reasons = sorted({x for r in recs for x in r.invalid_reasons})
         raise EngineError(f"noise: only {len(valid)} of {runs} baseline runs were valid after {len(recs)} attempts: "
                           f"{'; '.join(reasons)}")
-    caps = [float(r.capacity_rps) for r in valid]
+    caps = [float(r.value(capacity_metric(settings))) for r in valid]
     floor = stats.noise_floor(caps, seed=settings.seed)
     spread: dict[str, dict[str, float]] = {}
     ref_steps = [r.reference_step for r in valid if r.reference_step]
@@ -421,7 +445,7 @@ def measure_noise(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, 
     res = NoiseResult(endpoint=endpoint.name, config_hash=config_hash(config),
                       engine=getattr(engine, "name", type(engine).__name__), engine_version=engine_version,
                       capacities=caps, floor=floor, reference_rps=reference_rps, latency_spread=spread, runs=recs,
-                      noise_id=f"n-{uuid.uuid4().hex[:12]}")
+                      noise_id=f"n-{uuid.uuid4().hex[:12]}", estimator=settings.estimator)
     if results is not None:
         results.append("noise", [{"noise_id": res.noise_id, "campaign_id": campaign.campaign_id if campaign else None,
                                   "config_hash": res.config_hash, "engine": res.engine,
@@ -610,7 +634,10 @@ class _Experiment:
         return v
 
     def record(self, stage: str, metric: str, v: stats.Verdict) -> None:
-        self.res.stages.append({"stage": stage, "metric": metric, **v.to_dict()})
+        fallback = sum(1 for r in self.res.runs if r.valid and r.capacity_interp_rps is None) \
+            if metric == INTERP_METRIC else 0
+        self.res.stages.append({"stage": stage, "metric": metric, "estimator": _estimator(metric),
+                                "runs_on_search_fallback": fallback, **v.to_dict()})
         if self.progress:
             self.progress(f"  verdict [{stage}] {v.verdict}: ratio={v.ratio_median:.4f} CI=[{v.ci_low:.4f}, "
                           f"{v.ci_high:.4f}] margin={v.margin:.4f} n={v.n_baseline}/{v.n_candidate}")
@@ -650,7 +677,7 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
     baseline_config, candidate_config = dict(baseline_config), dict(candidate_config)
     res = ExperimentResult(experiment_id=experiment_id or f"e-{uuid.uuid4().hex[:12]}", endpoint=endpoint.name,
                            campaign_id=campaign.campaign_id if campaign else None, kind=kind, parent_id=parent_id,
-                           mode=mode, metric="replay_capacity" if mode == "shape" else "capacity_rps",
+                           mode=mode, metric="replay_capacity" if mode == "shape" else capacity_metric(settings),
                            baseline_config=baseline_config, candidate_config=candidate_config,
                            lossy=is_lossy(candidate_config, baseline_config), started_at=_now().isoformat(),
                            noise_cv=noise_cv, noise_source="noise_baseline" if noise_cv is not None else "")

@@ -54,6 +54,8 @@ class LoadStep:
     duration_s: float = 0.0
     send_lag_p99_ms: float | None = None
     sla_attainment: float = 0.0  # fraction of sent requests that met every SLA term
+    # max over the SLA's quantile terms (and the error limit) of measured / bound: > 1 breaks the SLA
+    sla_ratio: float | None = None
     kind: str = "capacity"  # capacity | confirm | warmup | shape
 
     @property
@@ -183,12 +185,20 @@ def summarize_step(outcome: StepOutcome, sla: SLA, *, rate_rps: float, min_compl
     error_rate = (n - len(ok)) / n if n else 0.0
 
     failed_terms: list[str] = []
+    ratios: list[float] = []
+    missing = False  # a term without samples has no ratio: the step cannot be interpolated
     for term in sla.terms:
         vals = _metric_values(ok, term.metric)
         if vals.size == 0:
             failed_terms.append(f"{term} (no samples)")
-        elif float(np.percentile(vals, term.quantile)) * 1e3 > term.max_ms:
-            failed_terms.append(f"{term} (measured {float(np.percentile(vals, term.quantile)) * 1e3:.1f}ms)")
+            missing = True
+            continue
+        measured_ms = float(np.percentile(vals, term.quantile)) * 1e3
+        ratios.append(measured_ms / term.max_ms)
+        if measured_ms > term.max_ms:
+            failed_terms.append(f"{term} (measured {measured_ms:.1f}ms)")
+    if sla.max_error_rate > 0:
+        ratios.append(error_rate / sla.max_error_rate)
     if error_rate > sla.max_error_rate:
         failed_terms.append(f"errors<={sla.max_error_rate * 100:g}% (measured {error_rate * 100:.2f}%)")
     growth = _queue_growth(recs, window)
@@ -209,10 +219,19 @@ def summarize_step(outcome: StepOutcome, sla: SLA, *, rate_rps: float, min_compl
         valid=not invalid, invalid_reasons=invalid, duration_s=float(outcome.duration_s),
         send_lag_p99_ms=outcome.meta.get("send_lag_p99_ms"),
         sla_attainment=n_good / n if n else 0.0, kind=kind,
+        sla_ratio=max(ratios) if ratios and not missing else None,
     )
 
 
 # ---------------------------------------------------------------- grow + bisect search
+
+# Steps kept for confirmations once one has failed. Near the knee a pass is close to a coin toss and
+# the highest pass is the luckiest, so its confirmation often fails; each failure re-bisects the gap
+# below it, finds another lucky pass and spends two or three steps, which is how searches used up
+# their budget before confirming anything. With this few steps left, lower passes are confirmed as
+# they are instead of bisecting above them.
+CONFIRM_RESERVE = 3
+
 
 def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: float, resolution: float,
                 max_steps: int) -> tuple[float, int]:
@@ -220,7 +239,8 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
 
     Grows ``start`` by ``growth`` until a probe fails (or shrinks it until one passes), bisects
     until (hi - lo) <= resolution * lo, then re-probes the final pass with ``kind='confirm'``;
-    a failed confirmation lowers the bracket and bisection resumes. 0.0 when nothing passed.
+    a failed confirmation lowers the bracket and bisection resumes, except within the last
+    ``CONFIRM_RESERVE`` steps, where the next lower pass is confirmed directly. 0.0 when nothing passed.
     """
     if growth <= 1 or resolution <= 0 or start <= 0:
         raise ValueError("need growth > 1, resolution > 0 and start > 0")
@@ -248,8 +268,9 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
             x /= growth
             if x < start / growth ** 6:  # nothing passes even far below the start: capacity ~ 0
                 return 0.0, used
+    refuted = False
     while used < max_steps and lo > 0 and hi < math.inf:
-        if hi - lo > resolution * lo:
+        if hi - lo > resolution * lo and not (refuted and max_steps - used <= CONFIRM_RESERVE):
             mid = (lo + hi) / 2
             if run(mid, "capacity"):
                 lo = mid
@@ -261,9 +282,60 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
             return lo, used
         hi = lo
         below = [p for p in passes if p < lo]
+        refuted = bool(below)
         lo = max(below) if below else lo / growth
         passes = [p for p in passes if p < hi]
     return (lo if hi < math.inf or lo > 0 else 0.0), used
+
+
+# ---------------------------------------------------------------- interpolated capacity
+
+def interpolate_crossing(points: list[tuple[float, float | None, bool]], *, window: float = 0.25,
+                         max_points: int = 12, max_resid: float = 0.3) -> float | None:
+    """Rate at which the SLA's worst measured/bound ratio crosses 1, from (rate, sla_ratio, passed) probes.
+
+    Pass/fail near the knee is close to a coin toss, so the highest confirmed pass is one noisy,
+    resolution-quantised sample. The ratio itself moves smoothly with rate: log(ratio) is fitted
+    linearly against log(rate) over the probes (up to ``max_points``) within ``window`` (relative)
+    of the two-point crossing between the highest pass and the lowest failure above it, and the
+    fit's root, kept inside the fitted probes' span, is the estimate. A fit whose RMS residual
+    exceeds ``max_resid`` (in log ratio; a cliff rather than a slope, where a straight line would
+    put the root anywhere in the window) is not used. With fewer than three such
+    probes, or a fit that does not rise, the two-point log-log interpolation is the estimate.
+    A failure the ratio does not show (queue growth) caps the estimate at its rate. None without
+    a pass and a failure above it.
+    """
+    pts = [(float(r), float(q), bool(ok)) for r, q, ok in points if q is not None and q > 0 and r > 0]
+    passes = [p for p in pts if p[2]]
+    if not passes:
+        return None
+    lo = max(passes, key=lambda p: p[0])
+    shown = [p for p in pts if not p[2] and p[1] > 1 and p[0] > lo[0]]
+    hidden_caps = [p[0] for p in pts if not p[2] and p[1] <= 1 and p[0] > lo[0]]
+    if not shown:
+        return min(hidden_caps) if hidden_caps else None
+    hi = min(shown, key=lambda p: p[0])
+    x_lo, x_hi = math.log(lo[0]), math.log(hi[0])
+    y_lo, y_hi = math.log(lo[1]), math.log(hi[1])
+    x0 = x_lo + (0.0 - y_lo) / (y_hi - y_lo) * (x_hi - x_lo) if y_hi > y_lo else x_lo
+    fit = [p for p in pts if (p[2] or p[1] > 1) and abs(math.log(p[0]) - x0) <= math.log1p(window)]
+    fit = sorted(fit, key=lambda p: abs(math.log(p[0]) - x0))[:max_points]
+    est = x0
+    xs = np.log([p[0] for p in fit])
+    if len({round(x, 9) for x in xs}) >= 3 and any(p[1] <= 1 for p in fit) and any(p[1] > 1 for p in fit):
+        ys = np.log([p[1] for p in fit])
+        slope, intercept = np.polyfit(xs, ys, 1)
+        resid = float(np.sqrt(np.mean((ys - (intercept + slope * xs)) ** 2)))
+        if slope > 0 and resid <= max_resid:
+            est = min(max(-intercept / slope, float(xs.min())), float(xs.max()))
+    rate = math.exp(est)
+    return min([rate, *hidden_caps])
+
+
+def interpolate_capacity(steps: list[LoadStep], **kw: Any) -> float | None:
+    """``interpolate_crossing`` over a search's valid capacity and confirm steps."""
+    return interpolate_crossing([(st.rate_rps, st.sla_ratio, st.passed) for st in steps
+                                 if st.kind in ("capacity", "confirm") and st.valid], **kw)
 
 
 # ---------------------------------------------------------------- capacity
@@ -292,9 +364,11 @@ class CapacityResult:
     outcomes: list[StepOutcome] = field(default_factory=list, repr=False)
     sla: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
+    capacity_interp_rps: float | None = None  # interpolate_capacity over the search's steps (None: no crossing)
 
     def to_dict(self) -> dict[str, Any]:
         return {"capacity_rps": self.capacity_rps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
+                "capacity_interp_rps": self.capacity_interp_rps,
                 "steps": [s.to_dict() for s in self.steps], "valid": self.valid,
                 "invalid_reasons": self.invalid_reasons, "sla": self.sla, "settings": self.settings,
                 "n_steps": len([s for s in self.steps if s.kind != "warmup"])}
@@ -363,7 +437,7 @@ def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, mod
         reasons.append(f"search stopped after {s.max_steps} steps before confirming a capacity")
     return CapacityResult(capacity_rps=capacity, capacity_rps_per_gpu=capacity / gpus, steps=steps,
                           valid=not reasons, invalid_reasons=reasons, outcomes=outcomes, sla=str(sla),
-                          settings=asdict(s))
+                          settings=asdict(s), capacity_interp_rps=interpolate_capacity(measured))
 
 
 def linear_ramp_steps(capacity: float, *, start: float, resolution: float) -> int:

@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 from autoresearch_dagster import stats  # noqa: E402
 from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
-from autoresearch_dagster.harness import HarnessSettings, RunRecord, execute_run, run_experiment  # noqa: E402
+from autoresearch_dagster.harness import (INTERP_METRIC, HarnessSettings, RunRecord, execute_run,  # noqa: E402
+                                          run_experiment)
 from autoresearch_dagster.measure import CapacitySettings  # noqa: E402
 from autoresearch_dagster.pool import build_pool, read_pool  # noqa: E402
 from autoresearch_dagster.spec import Budget, load_endpoint  # noqa: E402
@@ -118,6 +119,9 @@ def main() -> int:
     ap.add_argument("--min-completed", type=int, default=60)
     ap.add_argument("--resolution", type=float, default=0.01)
     ap.add_argument("--start-rps", type=float, default=16.0)
+    ap.add_argument("--estimator", choices=("interp", "search"), default="interp",
+                    help="per-run capacity statistic of the verdicts: the interpolated SLA crossing (default) "
+                         "or the search's highest confirmed passing rate")
     args = ap.parse_args()
     n_cmp = args.comparisons or (60 if args.quick else 200)
     n_bank = args.bank or (60 if args.quick else 120)
@@ -130,7 +134,8 @@ def main() -> int:
         settings = HarnessSettings(capacity=CapacitySettings(step_duration_s=args.step_duration,
                                                              min_completed=args.min_completed, warmup_s=0.0,
                                                              resolution=args.resolution, start_rps=args.start_rps),
-                                   warmup_requests=4)
+                                   warmup_requests=4, estimator=args.estimator)
+        metric = INTERP_METRIC if args.estimator == "interp" else "capacity_rps"
         speeds = {"baseline": 1.0, "faster": args.faster, "slower": args.slower}
         tasks = [(arm, i, 1_000_000 * j + i) for j, arm in enumerate(speeds) for i in range(n_bank)]
         ctx = mp.get_context("fork")
@@ -142,13 +147,18 @@ def main() -> int:
         banks = {arm: [r for r in recs if r.arm == arm and r.valid] for arm in speeds}
         invalid = {arm: sum(1 for r in recs if r.arm == arm and not r.valid) for arm in speeds}
         reasons = sorted({x.split(":")[0] for r in recs if not r.valid for x in r.invalid_reasons})
-        base_caps = [r.capacity_rps for r in banks["baseline"]]
-        nf = stats.noise_floor(base_caps)
         print(f"  {t1 - t0:.0f} s; valid runs {[len(b) for b in banks.values()]}, invalid {invalid} {reasons}")
-        print(f"  baseline capacity: median {nf.median:.3f} req/s, CV {nf.cv:.2%} (the default emulator noise)")
+        fallback = sum(1 for b in banks.values() for r in b if r.capacity_interp_rps is None)
+        for name, m in (("search", "capacity_rps"), ("interp", INTERP_METRIC)):
+            nf = stats.noise_floor([r.value(m) for r in banks["baseline"]])
+            print(f"  baseline capacity ({name}): median {nf.median:.3f} req/s, CV {nf.cv:.2%} "
+                  f"(the default emulator noise)" + (f"; {fallback} valid runs without a crossing fall back "
+                                                      "to the search value" if name == "interp" else ""))
+        print(f"  verdicts use the {args.estimator} estimator ({metric})")
+        base_caps = [r.value(metric) for r in banks["baseline"]]
         true_ratio = {}
         for arm in ("faster", "slower"):
-            v = stats.verdict(base_caps, [r.capacity_rps for r in banks[arm]], noise_cv=0.0)
+            v = stats.verdict(base_caps, [r.value(metric) for r in banks[arm]], noise_cv=0.0)
             true_ratio[arm] = v.ratio_median
             print(f"  true capacity ratio {arm} (speed {speeds[arm]:.4f}): {v.ratio_median:.4f} "
                   f"(95% CI [{v.ci_low:.4f}, {v.ci_high:.4f}], {v.n_baseline} vs {v.n_candidate} runs)")

@@ -278,3 +278,17 @@ def test_real_emulator_runs_record_steps_and_catch_drift(endpoint, pool, tmp_pat
     n_steps = lake.query("SELECT count(*) FROM load_steps WHERE run_id = ?", [base.run_id])[0][0]
     assert n_steps == len(base.steps) >= 3
     assert lake.query("SELECT verdict FROM experiments") == [("invalid",)]
+
+
+@pytest.mark.parametrize("estimator, metric", [("interp", "capacity_interp_rps"), ("search", "capacity_rps")])
+def test_the_verdict_statistic_follows_the_estimator_setting(endpoint, pool, estimator, metric):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 0.75}), noise_cv=0.01)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(estimator=estimator))
+    assert res.verdict == "worse" and res.metric == metric
+    assert res.stages and all(s["metric"] == metric and s["estimator"] == estimator for s in res.stages)
+    runs = [r for r in res.runs if r.valid]
+    assert all(r.capacity_interp_rps is not None for r in runs)
+    # the crossing lies inside the search's last bracket: at or above the confirmed pass, within 2%
+    assert all(r.capacity_rps <= r.capacity_interp_rps <= 1.02 * r.capacity_rps for r in runs)
+    assert res.values("baseline") == [r.value(metric) for r in runs if r.arm == "baseline"]

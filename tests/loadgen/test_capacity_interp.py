@@ -1,0 +1,87 @@
+"""Interpolated capacity: the rate where the SLA's measured/bound ratio crosses 1, from the search's probes."""
+import re
+
+import numpy as np
+import pytest
+
+from autoresearch_dagster.loadgen.records import RequestRecord, StepOutcome
+from autoresearch_dagster.measure import CapacitySettings, find_capacity, interpolate_crossing
+from autoresearch_dagster.spec import SLA
+
+from .helpers import make_pool
+
+SLA_SPEC = SLA.parse("ttft_p99<=500ms,tpot_p99<=50ms,errors<=1%")
+POOL = make_pool([f"q{i}" for i in range(50)], output_tokens=10)
+
+
+class SmoothDeployment:
+    """Virtual-time deployment whose TTFT rises smoothly with the nominal step rate: 500 ms exactly at `knee`.
+
+    TTFT = 100 ms + 400 ms x (rate / knee)^3, the same for every request, so the true SLA crossing is `knee`.
+    The nominal rate is read from the step id (RUNNER names capacity steps by it), so the crossing does
+    not move with the Poisson draw of the schedule.
+    """
+
+    def __init__(self, knee: float) -> None:
+        self.knee = knee
+
+    def run_step(self, schedule, *, step_id, timeout_s):
+        rate = float(re.search(r"-([0-9.]+)rps$", step_id).group(1))
+        ttft = 0.1 + 0.4 * (rate / self.knee) ** 3
+        recs = [RequestRecord(request_id=s.request_id, step_id=step_id, scheduled_s=s.send_offset_s,
+                              sent_s=s.send_offset_s, first_token_s=s.send_offset_s + ttft,
+                              end_s=s.send_offset_s + ttft + 0.02 * 9, ttft_s=ttft, itl_s=[0.02] * 9,
+                              e2e_s=ttft + 0.18, prompt_tokens=10, output_tokens=10, status="ok")
+                for s in schedule]
+        return StepOutcome(step_id=step_id, records=recs, duration_s=max(r.end_s for r in recs))
+
+    def flush_cache(self):
+        return True
+
+
+def _search(knee: float, resolution: float):
+    s = CapacitySettings(step_duration_s=20, min_completed=40, start_rps=2.0, resolution=resolution, warmup_s=0)
+    return find_capacity(SmoothDeployment(knee), POOL, SLA_SPEC, gpus=1, model="m", settings=s, seed=3)
+
+
+@pytest.mark.parametrize("knee", [13.7, 37.0])
+def test_interpolated_capacity_lands_on_the_true_crossing_at_coarse_resolution(knee):
+    res = _search(knee, resolution=0.10)
+    assert res.valid, res.invalid_reasons
+    assert res.capacity_interp_rps == pytest.approx(knee, rel=0.01)
+    # the search's own value is only bracketed to the 10% resolution, and lies below the knee
+    assert knee * 0.88 <= res.capacity_rps <= knee
+    assert abs(res.capacity_interp_rps - knee) < abs(res.capacity_rps - knee) or res.capacity_rps == pytest.approx(knee)
+    assert res.to_dict()["capacity_interp_rps"] == res.capacity_interp_rps
+    ratios = [st.sla_ratio for st in res.steps]
+    assert all(r is not None for r in ratios)
+    assert all((r <= 1) == st.meets_sla for r, st in zip(ratios, res.steps))
+
+
+def test_interpolated_capacity_is_monotone_in_the_true_knee():
+    knees = [20.0, 20.4, 21.0, 22.5, 24.0, 26.0]
+    est = [_search(k, resolution=0.10).capacity_interp_rps for k in knees]
+    assert all(b > a for a, b in zip(est, est[1:])), est
+    assert all(e == pytest.approx(k, rel=0.01) for e, k in zip(est, knees))
+
+
+def test_interpolate_crossing_edge_cases():
+    assert interpolate_crossing([]) is None
+    assert interpolate_crossing([(10.0, 0.5, True), (20.0, 0.8, True)]) is None  # never crossed
+    assert interpolate_crossing([(10.0, 2.0, False)]) is None  # nothing passed
+    # two probes: log-log interpolation between the highest pass and the lowest failure above it
+    est = interpolate_crossing([(10.0, 0.5, True), (20.0, 2.0, False)])
+    assert est == pytest.approx(np.sqrt(200.0))
+    # a failure the ratio does not show (queue growth) caps the estimate at its rate
+    assert interpolate_crossing([(10.0, 0.5, True), (12.0, 0.9, False), (20.0, 2.0, False)]) == pytest.approx(12.0)
+    # a noisy non-monotone knee: a fit over the nearby probes, kept inside their span
+    pts = [(20.0, 0.80, True), (22.0, 0.97, True), (22.5, 1.03, False), (23.0, 0.99, True), (24.0, 1.10, False)]
+    est = interpolate_crossing(pts)
+    assert 22.0 <= est <= 24.0
+
+
+def test_a_cliff_keeps_the_estimate_inside_the_last_bracket():
+    # TTFT jumps 100x between 10.0 and 10.1 req/s: no slope to fit, the two-point crossing is used
+    pts = [(r, 0.05 if r <= 10.0 else 5.0, r <= 10.0) for r in (8.0, 9.0, 9.5, 9.8, 10.0, 10.1, 10.5, 11.0, 12.0)]
+    est = interpolate_crossing(pts)
+    assert 10.0 <= est <= 10.1
