@@ -302,8 +302,9 @@ def interpolate_crossing(points: list[tuple[float, float | None, bool]], *, wind
     exceeds ``max_resid`` (in log ratio; a cliff rather than a slope, where a straight line would
     put the root anywhere in the window) is not used. With fewer than three such
     probes, or a fit that does not rise, the two-point log-log interpolation is the estimate.
-    A failure the ratio does not show (queue growth) caps the estimate at its rate. None without
-    a pass and a failure above it.
+    A failure the ratio does not show (queue growth) caps the estimate at its rate; with only such
+    failures above the highest pass the estimate is that pass. None without a pass and a failure
+    above it.
     """
     pts = [(float(r), float(q), bool(ok)) for r, q, ok in points if q is not None and q > 0 and r > 0]
     passes = [p for p in pts if p[2]]
@@ -313,7 +314,7 @@ def interpolate_crossing(points: list[tuple[float, float | None, bool]], *, wind
     shown = [p for p in pts if not p[2] and p[1] > 1 and p[0] > lo[0]]
     hidden_caps = [p[0] for p in pts if not p[2] and p[1] <= 1 and p[0] > lo[0]]
     if not shown:
-        return min(hidden_caps) if hidden_caps else None
+        return lo[0] if hidden_caps else None
     hi = min(shown, key=lambda p: p[0])
     x_lo, x_hi = math.log(lo[0]), math.log(hi[0])
     y_lo, y_hi = math.log(lo[1]), math.log(hi[1])

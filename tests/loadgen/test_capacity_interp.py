@@ -74,6 +74,7 @@ def test_interpolate_crossing_edge_cases():
     assert est == pytest.approx(np.sqrt(200.0))
     # a failure the ratio does not show (queue growth) caps the estimate at its rate
     assert interpolate_crossing([(10.0, 0.5, True), (12.0, 0.9, False), (20.0, 2.0, False)]) == pytest.approx(12.0)
+    assert interpolate_crossing([(10.0, 0.5, True), (12.0, 0.9, False)]) == pytest.approx(10.0)
     # a noisy non-monotone knee: a fit over the nearby probes, kept inside their span
     pts = [(20.0, 0.80, True), (22.0, 0.97, True), (22.5, 1.03, False), (23.0, 0.99, True), (24.0, 1.10, False)]
     est = interpolate_crossing(pts)
