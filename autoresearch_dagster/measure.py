@@ -104,6 +104,10 @@ def good_request(r: RequestRecord, sla: SLA) -> bool:
     return r.status == "ok" and all(_request_meets(r, t) for t in sla.terms)
 
 
+# Smallest rise of the late arrivals' median latency that counts as queueing (see _queue_growth).
+_GROWTH_FLOOR_S = {"ttft": 0.1, "tpot": 0.005}
+
+
 def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> bool:
     """Completion lagging arrivals: the in-flight count keeps rising over the step's window.
 
@@ -113,7 +117,9 @@ def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> 
     least half the mean in-flight count, or two requests, across that stretch. Timed-out requests
     count as never finishing. A window too short to leave a fifth of it after the fill is not judged.
     In-flight counts are autocorrelated and noisy with long outputs, so growth must also show in
-    latency: the median TTFT or TPOT of the last quarter's arrivals is 1.5x that of the second quarter's.
+    latency: the median TTFT or TPOT of the last quarter's arrivals is 1.5x that of the second quarter's
+    and higher by a material amount (``_GROWTH_FLOOR_S``): at low load a batch of a few requests moves
+    a 6 ms median TPOT to 9 ms by composition alone, which is not a queue.
     """
     lo, hi = window
     e2e = [r.e2e_s for r in records if r.e2e_s is not None]
@@ -142,7 +148,8 @@ def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> 
         if before.size and float(np.median(before)) > 0:
             if not after.size:  # the late arrivals never finished: they are still queued
                 return True
-            if float(np.median(after)) >= 1.5 * float(np.median(before)):
+            b, a = float(np.median(before)), float(np.median(after))
+            if a >= 1.5 * b and a - b >= _GROWTH_FLOOR_S[metric]:
                 return True
     return False
 

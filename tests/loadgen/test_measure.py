@@ -135,6 +135,25 @@ def test_queue_growth_detected_when_completions_lag_arrivals():
     assert not step(0.08).queue_growth and step(0.08).meets_sla
 
 
+def test_low_load_composition_change_is_not_queue_growth():
+    # 2 req/s far below capacity: the second half's requests are long (in-flight rises from ~1 to
+    # ~15) and decode a little slower (TPOT median 4 -> 7 ms, 1.75x) because the batch is fuller.
+    # TTFT stays flat: nothing is queued, so this must not read as queue growth.
+    recs = []
+    for i in range(120):
+        arr = i * 0.5
+        long_ = arr >= 30
+        n_out, tpot = (2000, 0.007) if long_ else (100, 0.004)
+        ttft = 0.04
+        e2e = ttft + tpot * (n_out - 1)
+        recs.append(RequestRecord(request_id=str(i), step_id="c", scheduled_s=arr, sent_s=arr,
+                                  first_token_s=arr + ttft, end_s=arr + e2e, ttft_s=ttft, itl_s=[tpot],
+                                  e2e_s=e2e, prompt_tokens=100, output_tokens=n_out, status="ok"))
+    st = summarize_step(StepOutcome(step_id="c", records=recs, duration_s=recs[-1].end_s),
+                        SLA.parse("ttft_p99<=3000ms,tpot_p99<=60ms"), rate_rps=2.0)
+    assert not st.queue_growth and st.meets_sla
+
+
 def test_shape_replay_search_and_per_interval_attainment():
     rng = np.random.default_rng(0)
     arrivals = np.sort(np.concatenate([rng.uniform(0, 60, 60), rng.uniform(60, 120, 240), rng.uniform(120, 180, 60)]))
