@@ -105,7 +105,7 @@ def good_request(r: RequestRecord, sla: SLA) -> bool:
 
 
 # Smallest rise of the late arrivals' median latency that counts as queueing (see _queue_growth).
-_GROWTH_FLOOR_S = {"ttft": 0.1, "tpot": 0.005}
+_GROWTH_FLOOR_S = {"ttft": 0.1}
 
 
 def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> bool:
@@ -117,9 +117,8 @@ def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> 
     least half the mean in-flight count, or two requests, across that stretch. Timed-out requests
     count as never finishing. A window too short to leave a fifth of it after the fill is not judged.
     In-flight counts are autocorrelated and noisy with long outputs, so growth must also show in
-    latency: the median TTFT or TPOT of the last quarter's arrivals is 1.5x that of the second quarter's
-    and higher by a material amount (``_GROWTH_FLOOR_S``): at low load a batch of a few requests moves
-    a 6 ms median TPOT to 9 ms by composition alone, which is not a queue.
+    latency: the median TTFT of the last quarter's arrivals is 1.5x that of the second quarter's and
+    higher by a material amount (``_GROWTH_FLOOR_S``).
     """
     lo, hi = window
     e2e = [r.e2e_s for r in records if r.e2e_s is not None]
@@ -142,7 +141,10 @@ def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> 
     quarter = (hi - lo) / 4
     mid = [r for r in records if r.status == "ok" and lo + quarter <= r.scheduled_s < lo + 2 * quarter]
     late = [r for r in records if lo + 3 * quarter <= r.scheduled_s]
-    for metric in ("ttft", "tpot"):
+    # Queueing shows as waiting before the first token. TPOT is not a queue signal: at low load the
+    # demo's decode TPOT moved 3.2 -> 8.2 ms between quarters from batch composition alone (a long
+    # prefill landing in the batch), which flagged a 2 req/s step on an endpoint serving 20 req/s.
+    for metric in ("ttft",):
         before = _metric_values(mid, metric)
         after = _metric_values([r for r in late if r.status == "ok"], metric)
         if before.size and float(np.median(before)) > 0:
