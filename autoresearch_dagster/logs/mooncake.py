@@ -1,20 +1,13 @@
 """Owns the Mooncake-style token-trace reader: JSONL with timestamp (ms), input_length, output_length, hash_ids."""
 from __future__ import annotations
 
-import json
-
-from autoresearch_dagster.logs.records import LogRecord, RecordError, check_timestamp, check_tokens
+from autoresearch_dagster.logs.records import LogRecord, RecordError, check_timestamp, check_tokens, load_json_line
 
 MOONCAKE_BLOCK_TOKENS = 512
 
 
 def parse_mooncake_line(raw: bytes, line: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> LogRecord:
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise RecordError(f"invalid UTF-8 at byte {e.start}") from None
-    except ValueError as e:
-        raise RecordError(f"malformed JSON: {e.msg} at column {getattr(e, 'colno', '?')}") from None
+    obj = load_json_line(raw)
     if not isinstance(obj, dict):
         raise RecordError(f"record must be a JSON object, got {type(obj).__name__}")
     for k in ("timestamp", "input_length", "output_length"):

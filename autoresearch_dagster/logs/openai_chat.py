@@ -19,7 +19,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from autoresearch_dagster.logs.records import LogRecord, RecordError, check_timestamp, check_tokens
+from autoresearch_dagster.logs.records import LogRecord, RecordError, check_timestamp, check_tokens, load_json_line
 
 _TS_KEYS = ("timestamp", "ts", "time", "created_at", "request_time", "start_time", "created")
 _REQ_KEYS = ("request", "body", "request_body")
@@ -226,10 +226,5 @@ def parse_openai_obj(obj: Any, line: int, nbytes: int) -> LogRecord:
 
 
 def parse_openai_line(raw: bytes, line: int) -> LogRecord:
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise RecordError(f"invalid UTF-8 at byte {e.start}") from None
-    except ValueError as e:
-        raise RecordError(f"malformed JSON: {e.msg} at column {getattr(e, 'colno', '?')}") from None
+    obj = load_json_line(raw)
     return parse_openai_obj(obj, line, len(raw))

@@ -1,6 +1,7 @@
 """Owns the normalized log record every reader yields, the rejection record, and the sanity limits."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -12,6 +13,16 @@ MAX_LINE_BYTES = 64 * 2**20
 
 class RecordError(ValueError):
     """A record that cannot be accepted; the message is the quarantine reason (never holds values)."""
+
+
+def load_json_line(raw: bytes) -> object:
+    """One JSONL record decoded, or RecordError naming the bad byte / column."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise RecordError(f"invalid UTF-8 at byte {e.start}") from None
+    except ValueError as e:
+        raise RecordError(f"malformed JSON: {e.msg} at column {getattr(e, 'colno', '?')}") from None
 
 
 @dataclass
