@@ -65,6 +65,20 @@ def open_results(args: argparse.Namespace) -> Any:
     return open_lake(args.lake)
 
 
+def open_campaign(endpoint: EndpointSpec, args: argparse.Namespace) -> tuple[Path, Any, Any, Any, Any]:
+    """What noise and experiment runs share: (out dir, pool, engine, results lake, campaign)."""
+    from autoresearch_dagster.engines import make_engine
+    from autoresearch_dagster.harness import start_campaign
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool = load_pool(endpoint, args, out)
+    engine = make_engine(endpoint, engine=args.engine)
+    results = open_results(args)
+    campaign = start_campaign(endpoint, pool, results=results, engine_name=getattr(engine, "name", None))
+    return out, pool, engine, results, campaign
+
+
 def write_json(path: Path, payload: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from autoresearch_dagster.cli._experiments_common import (add_measure_args, capacity_settings, load_pool,
-                                                           open_results, write_json)
+from autoresearch_dagster.cli._experiments_common import (add_measure_args, capacity_settings, open_campaign,
+                                                           write_json)
 from autoresearch_dagster.spec import Budget, SpecError, load_endpoint, load_server_config
 
 VERDICT_KEYS = ("verdict", "confirmed", "reason", "ratio_median", "ci_low", "ci_high", "margin", "noise_cv",
@@ -38,8 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle_run(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.engines import make_engine
-    from autoresearch_dagster.harness import HarnessSettings, run_experiment, start_campaign
+    from autoresearch_dagster.harness import HarnessSettings, run_experiment
 
     endpoint = load_endpoint(args.endpoint)
     candidate = {**endpoint.server_config, **load_server_config(args.candidate)}
@@ -55,12 +54,7 @@ def handle_run(args: argparse.Namespace) -> int:
             noise_cv = float(json.loads(Path(args.noise).read_text())["capacity_cv"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SpecError(f"--noise {args.noise}: cannot read capacity_cv ({e})") from None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = load_pool(endpoint, args, out)
-    engine = make_engine(endpoint, engine=args.engine)
-    results = open_results(args)
-    campaign = start_campaign(endpoint, pool, results=results, engine_name=getattr(engine, "name", None))
+    out, pool, engine, results, campaign = open_campaign(endpoint, args)
     settings = HarnessSettings(capacity=capacity_settings(args), mode=args.mode, confirm=not args.no_confirm,
                                seed=args.seed)
     res = run_experiment(endpoint, endpoint.server_config, candidate, pool, engine=engine, results=results,

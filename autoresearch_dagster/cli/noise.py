@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from autoresearch_dagster.cli._experiments_common import (add_measure_args, capacity_settings, load_pool,
-                                                           open_results, write_json)
+from autoresearch_dagster.cli._experiments_common import (add_measure_args, capacity_settings, open_campaign,
+                                                           write_json)
 from autoresearch_dagster.spec import load_endpoint
 
 
@@ -21,19 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.engines import make_engine
-    from autoresearch_dagster.harness import HarnessSettings, measure_noise, start_campaign
+    from autoresearch_dagster.harness import HarnessSettings, measure_noise
     from autoresearch_dagster.spec import SpecError
 
     if args.runs < 5:
         raise SpecError(f"--runs must be at least 5 for a noise floor, got {args.runs}")
     endpoint = load_endpoint(args.endpoint)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = load_pool(endpoint, args, out)
-    engine = make_engine(endpoint, engine=args.engine)
-    results = open_results(args)
-    campaign = start_campaign(endpoint, pool, results=results, engine_name=getattr(engine, "name", None))
+    out, pool, engine, results, campaign = open_campaign(endpoint, args)
     res = measure_noise(endpoint, endpoint.server_config, pool, engine=engine, runs=args.runs, results=results,
                         settings=HarnessSettings(capacity=capacity_settings(args), seed=args.seed),
                         reference_rps=args.reference_rps, campaign=campaign, progress=print)
