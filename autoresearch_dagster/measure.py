@@ -104,8 +104,8 @@ def good_request(r: RequestRecord, sla: SLA) -> bool:
     return r.status == "ok" and all(_request_meets(r, t) for t in sla.terms)
 
 
-# Smallest rise of the late arrivals' median latency that counts as queueing (see _queue_growth).
-_GROWTH_FLOOR_S = {"ttft": 0.1}
+# Smallest rise of the late arrivals' median TTFT that counts as queueing (see _queue_growth).
+_GROWTH_FLOOR_S = 0.1
 
 
 def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> bool:
@@ -144,15 +144,14 @@ def _queue_growth(records: list[RequestRecord], window: tuple[float, float]) -> 
     # Queueing shows as waiting before the first token. TPOT is not a queue signal: at low load the
     # demo's decode TPOT moved 3.2 -> 8.2 ms between quarters from batch composition alone (a long
     # prefill landing in the batch), which flagged a 2 req/s step on an endpoint serving 20 req/s.
-    for metric in ("ttft",):
-        before = _metric_values(mid, metric)
-        after = _metric_values([r for r in late if r.status == "ok"], metric)
-        if before.size and float(np.median(before)) > 0:
-            if not after.size:  # the late arrivals never finished: they are still queued
-                return True
-            b, a = float(np.median(before)), float(np.median(after))
-            if a >= 1.5 * b and a - b >= _GROWTH_FLOOR_S[metric]:
-                return True
+    before = _metric_values(mid, "ttft")
+    after = _metric_values([r for r in late if r.status == "ok"], "ttft")
+    if before.size and float(np.median(before)) > 0:
+        if not after.size:  # the late arrivals never finished: they are still queued
+            return True
+        b, a = float(np.median(before)), float(np.median(after))
+        if a >= 1.5 * b and a - b >= _GROWTH_FLOOR_S:
+            return True
     return False
 
 
