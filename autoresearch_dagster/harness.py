@@ -702,13 +702,24 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
     run_mode = "capacity" if mode == "both" else mode
     v: stats.Verdict | None = None
     stop = None
-    for target in schedule:
+    for i, target in enumerate(schedule):
         stop = ex.fill(target, "experiment", run_mode)
         if stop == "invalid":
             res.invalid_reasons += ex.fatal()
             return _finish(ex, "invalid", "runs cannot support a comparison")
         v = ex.verdict(f"n={target}")
-        if stop or (v and v.verdict != "undecided"):
+        if stop or v is None:
+            break
+        if v.verdict == "better" and settings.confirm and i + 1 < len(schedule):
+            # confirm now; a "better" that does not repeat is not the end of the experiment before the
+            # cap: the runs so far (confirmation runs included) stay in the evidence and the next stage adds more
+            outcome = _confirm(ex, schedule[0], mode, want="better")
+            if outcome.verdict != "undecided":
+                return _close(ex, outcome)
+            if ex.progress:
+                ex.progress(f"  {outcome.reason}; continuing to n={schedule[i + 1]} per arm")
+            continue
+        if v.verdict != "undecided":
             break
     if v is None:
         res.invalid_reasons.append(f"fewer than 2 valid runs per arm ({stop or 'no valid runs'})")
@@ -716,30 +727,65 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
     if v.verdict == "undecided":
         promising = abs(v.ratio_median - 1) >= v.margin
         if promising and settings.confirm and not stop:
-            return _confirm(ex, schedule[0], mode, want="better" if v.ratio_median > 1 else "worse")
+            return _close(ex, _confirm(ex, schedule[0], mode, want="better" if v.ratio_median > 1 else "worse"),
+                          final=True)
         v = stats.stop_undecided(v, stop or f"run cap of {schedule[-1]} per arm reached")
         ex.record("stopped", res.metric, v)
     res.stats = v
     if v.verdict != "better" or not settings.confirm:
         return _finish(ex, v.verdict, v.reason, confirmed=False)
-    return _confirm(ex, schedule[0], mode, want="better")
+    return _close(ex, _confirm(ex, schedule[0], mode, want="better"), final=True)
 
 
-def _confirm(ex: _Experiment, n: int, mode: str, *, want: str) -> ExperimentResult:
+@dataclass
+class _Outcome:
+    """What a confirmation concluded: the verdict (``undecided`` = not confirmed, more runs may decide),
+    its reason and the pooled statistics."""
+    verdict: str
+    reason: str
+    stats: stats.Verdict | None
+    confirmed: bool = False
+    invalid: bool = False
+
+
+def _close(ex: _Experiment, out: _Outcome, *, final: bool = False) -> ExperimentResult:
+    """Finish the experiment with a confirmation's outcome; at the end of the schedule an unconfirmed
+    ("undecided") outcome becomes "same" with the reason, recorded as the stopping verdict."""
+    res = ex.res
+    if out.invalid:
+        return _finish(ex, "invalid", out.reason)
+    v = out.stats
+    if out.verdict == "undecided":
+        if not final:
+            raise ValueError("an unconfirmed outcome closes the experiment only at the end of the schedule")
+        v = stats.stop_undecided(stats.Verdict(**{**v.to_dict(), "verdict": "undecided"}), out.reason)
+        ex.record("stopped", res.metric, v)
+        res.stats = v
+        return _finish(ex, "same", out.reason)
+    res.stats = v
+    return _finish(ex, out.verdict, out.reason, confirmed=out.confirmed)
+
+
+def _confirm(ex: _Experiment, n: int, mode: str, *, want: str) -> _Outcome:
     """Promising results count only if they repeat on fresh runs and the pooled evidence still decides for them.
 
     Promising = a "better" at any stage, or an undecided comparison at the run cap whose point estimate
-    lies beyond the margin (in either direction). ``n`` fresh runs per arm are added (ABAB, new seeds);
-    the fresh runs alone must point the same way, the verdict over all runs must be ``want``, and in
-    mode "both" the production-shape replay of the fresh runs must not be worse.
+    lies beyond the margin (in either direction). ``n`` fresh runs per arm are added (ABAB, new seeds)
+    on top of any earlier confirmation runs; the fresh runs alone must point the same way, the verdict
+    over all runs must be ``want``, and in mode "both" the production-shape replay of the fresh runs
+    must not be worse. Returns ``want`` when confirmed, "undecided" when not (with why), or the pooled
+    verdict when the evidence now decides against ``want``.
     """
     res = ex.res
-    stop = ex.fill(n, "confirmation", mode if want == "better" else ("shape" if mode == "shape" else "capacity"))
+    earlier = {r.run_id for r in res.runs if r.purpose == "confirmation"}
+    have = min(len([r for r in res.runs if r.arm == a and r.valid and r.purpose == "confirmation"])
+               for a in ("baseline", "candidate"))
+    stop = ex.fill(have + n, "confirmation", mode if want == "better" else ("shape" if mode == "shape" else "capacity"))
     if stop == "invalid":
         res.invalid_reasons += ex.fatal()
-        return _finish(ex, "invalid", "confirmation runs cannot support a comparison")
+        return _Outcome("invalid", "confirmation runs cannot support a comparison", None, invalid=True)
     fresh = {arm: [float(r.value(res.metric)) for r in res.runs if r.arm == arm and r.valid
-                   and r.purpose == "confirmation" and r.value(res.metric) is not None]
+                   and r.purpose == "confirmation" and r.run_id not in earlier and r.value(res.metric) is not None]
              for arm in ("baseline", "candidate")}
     pooled = ex.verdict("confirmation: pooled")
     problems = [stop] if stop else []
@@ -759,16 +805,13 @@ def _confirm(ex: _Experiment, n: int, mode: str, *, want: str) -> ExperimentResu
             problems.append(f"production-shape replay does not confirm (ratio {shape.ratio_median:.4f}, {shape.verdict})")
     if pooled is None:
         res.invalid_reasons.append("fewer than 2 valid runs per arm after confirmation")
-        return _finish(ex, "invalid", "not enough valid runs")
+        return _Outcome("invalid", "not enough valid runs", None, invalid=True)
     if not problems:
-        res.stats = pooled
-        return _finish(ex, want, f"confirmed on {n} fresh runs per arm; {pooled.reason}", confirmed=True)
+        return _Outcome(want, f"confirmed on {n} fresh runs per arm; {pooled.reason}", pooled, confirmed=True)
     why = f"{want} not confirmed: " + "; ".join(problems)
     if pooled.verdict in (want, "undecided"):
-        pooled = stats.stop_undecided(stats.Verdict(**{**pooled.to_dict(), "verdict": "undecided"}), why)
-        ex.record("stopped", res.metric, pooled)
-    res.stats = pooled
-    return _finish(ex, pooled.verdict, why if pooled.verdict == "same" else f"{pooled.reason} ({why})")
+        return _Outcome("undecided", why, pooled)
+    return _Outcome(pooled.verdict, f"{pooled.reason} ({why})", pooled)
 
 
 def _finish(ex: _Experiment, verdict: str, reason: str, *, confirmed: bool = False) -> ExperimentResult:

@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -103,6 +104,25 @@ def _compare(task: tuple[str, int]) -> tuple[str, str, int, float | None]:
     return scenario, res.verdict, used, res.stats.ratio_median if res.stats else None
 
 
+def _load_banks(path: str | None, key: dict) -> list[RunRecord] | None:
+    if not path or not Path(path).exists():
+        return None
+    with open(path, "rb") as f:
+        saved = pickle.load(f)
+    if saved["key"] != key:
+        raise SystemExit(f"{path} was measured with other settings: {saved['key']} (now {key}); remove it or "
+                         "pass another --banks")
+    return saved["runs"]
+
+
+def _save_banks(path: str, key: dict, recs: list[RunRecord]) -> None:
+    slim = [dataclasses.replace(r, steps=[]) for r in recs]  # the verdicts need run-level values only
+    tmp = Path(path).with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump({"key": key, "runs": slim}, f)
+    os.replace(tmp, path)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller banks and fewer comparisons")
@@ -119,6 +139,8 @@ def main() -> int:
     ap.add_argument("--min-completed", type=int, default=60)
     ap.add_argument("--resolution", type=float, default=0.01)
     ap.add_argument("--start-rps", type=float, default=16.0)
+    ap.add_argument("--banks", help="pickle file of phase 1's run banks: loaded when it exists (phase 1 is skipped; "
+                    "the settings it was measured with must match), else written after phase 1")
     ap.add_argument("--estimator", choices=("interp", "search"), default="interp",
                     help="per-run capacity statistic of the verdicts: the interpolated SLA crossing (default) "
                          "or the search's highest confirmed passing rate")
@@ -139,10 +161,18 @@ def main() -> int:
         speeds = {"baseline": 1.0, "faster": args.faster, "slower": args.slower}
         tasks = [(arm, i, 1_000_000 * j + i) for j, arm in enumerate(speeds) for i in range(n_bank)]
         ctx = mp.get_context("fork")
-        print(f"phase 1: measuring {len(tasks)} runs ({n_bank} per server) on {args.workers} workers, "
-              f"load average {os.getloadavg()[0]:.2f}", flush=True)
-        with ctx.Pool(args.workers, initializer=_init, initargs=(args.endpoint, pool_path, settings, speeds)) as p:
-            recs = p.map(_measure, tasks, chunksize=4)
+        key = {"settings": dataclasses.asdict(settings), "speeds": speeds, "n_bank": n_bank, "endpoint": args.endpoint}
+        cached = _load_banks(args.banks, key)
+        if cached is not None:
+            recs = cached
+            print(f"phase 1: {len(recs)} runs loaded from {args.banks}", flush=True)
+        else:
+            print(f"phase 1: measuring {len(tasks)} runs ({n_bank} per server) on {args.workers} workers, "
+                  f"load average {os.getloadavg()[0]:.2f}", flush=True)
+            with ctx.Pool(args.workers, initializer=_init, initargs=(args.endpoint, pool_path, settings, speeds)) as p:
+                recs = p.map(_measure, tasks, chunksize=4)
+            if args.banks:
+                _save_banks(args.banks, key, recs)
         t1 = time.monotonic()
         banks = {arm: [r for r in recs if r.arm == arm and r.valid] for arm in speeds}
         invalid = {arm: sum(1 for r in recs if r.arm == arm and not r.valid) for arm in speeds}

@@ -292,3 +292,50 @@ def test_the_verdict_statistic_follows_the_estimator_setting(endpoint, pool, est
     # the crossing lies inside the search's last bracket: at or above the confirmed pass, within 2%
     assert all(r.capacity_rps <= r.capacity_interp_rps <= 1.02 * r.capacity_rps for r in runs)
     assert res.values("baseline") == [r.value(metric) for r in runs if r.arm == "baseline"]
+
+
+def _scripted(values: dict[tuple[str, str], list[float]]):
+    """A run source replaying given capacities per (arm, purpose), in order."""
+    queues = {k: list(v) for k, v in values.items()}
+
+    def source(arm, config, *, purpose, mode, run_index, seed):
+        cap = queues[(arm, purpose)].pop(0)
+        return harness.RunRecord(run_id=f"r{run_index}", arm=arm, run_index=run_index, seed=seed, purpose=purpose,
+                                 config=dict(config), config_hash="h", valid=True, invalid_reasons=[],
+                                 capacity_rps=cap, capacity_interp_rps=cap)
+    return source
+
+
+def test_an_unconfirmed_early_better_continues_to_the_next_stage(endpoint, pool):
+    # n=3 says better; the fresh confirmation runs point the other way, which is not the end before the cap:
+    # the next stage adds runs, the pooled evidence says better again and new fresh runs confirm it
+    source = _scripted({
+        ("baseline", "experiment"): [10.0, 10.05, 9.95] * 4,
+        ("candidate", "experiment"): [11.0, 11.05, 10.95] * 4,
+        ("baseline", "confirmation"): [10.0, 10.01, 9.99, 10.0, 10.01, 9.99],
+        ("candidate", "confirmation"): [9.9, 9.91, 9.89, 11.0, 11.01, 10.99],
+    })
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=None,
+                         settings=settings(), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=12),
+                         noise_cv=0.005, run_source=source)
+    stages = [(s["stage"], s["verdict"]) for s in res.stages]
+    assert stages[:2] == [("n=3", "better"), ("confirmation: pooled", "undecided")]
+    assert ("n=6", "better") in stages or ("n=12", "better") in stages  # the schedule went on after n=3
+    assert [s for s, _ in stages].count("confirmation: pooled") == 2 and stages[-1] == ("confirmation: pooled", "better")
+    assert res.verdict == "better" and res.confirmed
+    assert len([r for r in res.runs if r.purpose == "confirmation"]) == 12  # two rounds of 3 fresh runs per arm
+
+
+def test_an_unconfirmed_better_at_the_cap_is_same_with_the_reason(endpoint, pool):
+    source = _scripted({
+        ("baseline", "experiment"): [10.0, 10.05, 9.95],
+        ("candidate", "experiment"): [11.0, 11.05, 10.95],
+        ("baseline", "confirmation"): [10.0, 10.01, 9.99],
+        ("candidate", "confirmation"): [9.9, 9.91, 9.89],
+    })
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=None,
+                         settings=settings(), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=3),
+                         noise_cv=0.005, run_source=source)
+    assert res.verdict == "same" and not res.confirmed
+    assert "better not confirmed" in res.reason and "do not repeat the direction" in res.reason
+    assert res.stages[-1]["stage"] == "stopped" and not res.stats.equivalence_shown
