@@ -338,7 +338,8 @@ def _run_rows(rec: RunRecord, *, experiment_id: str | None, campaign_id: str | N
            "arm": rec.arm, "run_index": rec.run_index, "seed": rec.seed, "config_hash": rec.config_hash,
            "engine": rec.engine, "engine_version": rec.engine_version, "gpus": gpus,
            "capacity_rps": rec.capacity_rps, "capacity_rps_per_gpu": rec.capacity_rps_per_gpu,
-           "replay_capacity": rec.replay_capacity, "valid": rec.valid, "invalid_reasons": rec.invalid_reasons,
+           "replay_capacity": rec.replay_capacity, "capacity_interp_rps": rec.capacity_interp_rps,
+           "valid": rec.valid, "invalid_reasons": rec.invalid_reasons,
            "server_info_json": json.dumps(rec.server_info, sort_keys=True, default=str),
            "timings_json": json.dumps(rec.timings, sort_keys=True), "started_at": dt.datetime.fromisoformat(rec.started_at),
            "duration_s": rec.timings.get("total_s")}

@@ -11,7 +11,9 @@ change) builds a new database file beside the old one and renames it over it. Wr
 never hold the DuckDB file, and any number of analysts (``autoresearch sql``, the ``duckdb`` CLI,
 Python) can read while a campaign writes. Each table directory also holds one zero-row file of
 the declared schema under ``endpoint=_schema`` (not a valid endpoint name), so a view is typed
-and queryable before any data exists.
+and queryable before any data exists; an outdated schema file (a column added since) is rewritten and
+the views rebuilt when the lake is opened. Directories starting with ``_`` or ``.`` are not tables
+(``_pools`` holds replay pools the CLI built from logs).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from autoresearch_dagster.spec import SpecError
 
 SCHEMA_PARTITION = "_schema"
 DB_NAME = "analytics.duckdb"
+POOLS_DIR = "_pools"  # replay pools the CLI built from logs; directories starting with _ or . are not tables
 
 _S, _F, _I, _B = pa.string(), pa.float64(), pa.int64(), pa.bool_()
 _TS = pa.timestamp("us", tz="UTC")
@@ -53,7 +56,7 @@ TABLES: dict[str, pa.Schema] = {
     "runs": _schema(("run_id", _S), ("experiment_id", _S), ("campaign_id", _S), ("purpose", _S),
                     ("arm", _S), ("run_index", _I), ("seed", _I), ("config_hash", _S), ("engine", _S),
                     ("engine_version", _S), ("gpus", _I), ("capacity_rps", _F), ("capacity_rps_per_gpu", _F),
-                    ("replay_capacity", _F), ("valid", _B), ("invalid_reasons", _LS),
+                    ("replay_capacity", _F), ("capacity_interp_rps", _F), ("valid", _B), ("invalid_reasons", _LS),
                     ("server_info_json", _S), ("timings_json", _S), ("started_at", _TS), ("duration_s", _F)),
     "load_steps": _schema(("run_id", _S), ("experiment_id", _S), ("step_index", _I), ("step_id", _S),
                           ("kind", _S), ("rate_rps", _F), ("offered_rps", _F), ("achieved_rps", _F), ("goodput_rps", _F),
@@ -92,14 +95,21 @@ TABLES: dict[str, pa.Schema] = {
 
 TABLE_OWNERS = {t: "autoresearch_dagster.harness" for t in TABLES} | {"findings": "autoresearch_dagster.diagnose"}
 
-# Question views: analysts' common questions, defined over the table views.
+# Question views: analysts' common questions, defined over the table views. The interp columns use
+# a run's search capacity where it had no SLA crossing to interpolate, as verdicts do (RunRecord.value).
 QUESTION_VIEWS = {
     "capacity_by_config": """
         SELECT endpoint, campaign_id, config_hash, count(*) AS runs,
                median(capacity_rps) AS capacity_rps_median,
                median(capacity_rps_per_gpu) AS capacity_rps_per_gpu_median,
                min(capacity_rps) AS capacity_rps_min, max(capacity_rps) AS capacity_rps_max,
-               stddev_samp(capacity_rps) / nullif(avg(capacity_rps), 0) AS capacity_cv
+               stddev_samp(capacity_rps) / nullif(avg(capacity_rps), 0) AS capacity_cv,
+               count(capacity_interp_rps) AS runs_interp,
+               median(coalesce(capacity_interp_rps, capacity_rps)) AS capacity_interp_rps_median,
+               median(coalesce(capacity_interp_rps, capacity_rps) / nullif(gpus, 0))
+                   AS capacity_interp_rps_per_gpu_median,
+               stddev_samp(coalesce(capacity_interp_rps, capacity_rps))
+                   / nullif(avg(coalesce(capacity_interp_rps, capacity_rps)), 0) AS capacity_interp_cv
         FROM runs WHERE valid AND capacity_rps IS NOT NULL
         GROUP BY ALL""",
     "campaign_gain": """
@@ -142,6 +152,7 @@ def _jsonable(v: Any) -> Any:
 class ResultsLake:
     """The Parquet lake rooted at ``root`` plus its DuckDB view file."""
     root: Path
+    _ensured: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -152,19 +163,32 @@ class ResultsLake:
     def table_dir(self, table: str) -> Path:
         return self.root / table
 
-    def ensure(self) -> None:
-        """Create the zero-row schema files and the view database if missing (idempotent)."""
-        self._write_schema_files()
-        if not self.duckdb_path().exists():
-            self.refresh_views()
+    def pool_dir(self, endpoint: str) -> Path:
+        """Where the CLI keeps the replay pool it built from ``endpoint``'s logs (not a table: no view)."""
+        return self.root / POOLS_DIR / endpoint
 
-    def _write_schema_files(self) -> None:
+    def ensure(self) -> None:
+        """Create (or bring up to the declared schema) the zero-row schema files, and the view database
+        if missing or if a schema file changed (idempotent; checked once per instance)."""
+        if self._ensured and self.duckdb_path().exists():
+            return
+        if self._write_schema_files() or not self.duckdb_path().exists():
+            self.refresh_views()
+        self._ensured = True
+
+    def _write_schema_files(self) -> bool:
+        """Write each table's zero-row schema file where missing or out of date; True if any was written."""
+        changed = False
         for table, schema in TABLES.items():
             part = self.table_dir(table) / f"endpoint={SCHEMA_PARTITION}"
             target = part / "part-schema.parquet"
-            if not target.exists():
+            # a lake written before a column was added gets the new schema file, so the view (and the
+            # question views using the column) type it; older data files read it as NULL (union_by_name)
+            if not target.exists() or not pq.read_schema(target).equals(schema, check_metadata=False):
                 part.mkdir(parents=True, exist_ok=True)
                 _atomic_write(schema.empty_table(), target)
+                changed = True
+        return changed
 
     def append(self, table: str, rows: list[dict], *, endpoint: str) -> Path | None:
         """Append rows as one new Parquet file under endpoint=<endpoint>; returns its path (None if no rows)."""
@@ -172,7 +196,7 @@ class ResultsLake:
             return None
         if not endpoint or "/" in endpoint or endpoint.startswith((".", "_")):
             raise SpecError(f"results lake: invalid endpoint partition {endpoint!r}")
-        if not table.replace("_", "").isalnum():
+        if not table.replace("_", "").isalnum() or table.startswith("_"):
             raise SpecError(f"results lake: invalid table name {table!r}")
         self.ensure()
         new_table = table not in TABLES and not self.table_dir(table).exists()
@@ -187,7 +211,9 @@ class ResultsLake:
         return target
 
     def view_sql(self) -> list[str]:
-        tables = sorted(set(TABLES) | {p.name for p in self.root.iterdir() if p.is_dir()}) if self.root.exists() else sorted(TABLES)
+        found = {p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))} \
+            if self.root.exists() else set()
+        tables = sorted(set(TABLES) | found)
         stmts = []
         for t in tables:
             glob = (self.table_dir(t).resolve() / "*" / "*.parquet").as_posix().replace("'", "''")

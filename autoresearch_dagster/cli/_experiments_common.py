@@ -10,10 +10,14 @@ from typing import Any
 
 from autoresearch_dagster.spec import EndpointSpec, SpecError
 
+SOURCE_FILE = "source.json"  # beside a CLI-built pool: the fingerprint of the logs it was built from
+
 
 def add_measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", required=True, help="endpoint spec (YAML/JSON)")
-    p.add_argument("--pool", help="replay pool (directory or parquet); default: built from the endpoint's logs into OUT/pool")
+    p.add_argument("--pool", help="replay pool (directory or parquet); default: built from the endpoint's logs "
+                                  "into LAKE/_pools/ENDPOINT (OUT/pool with --no-lake), reused while the logs are "
+                                  "unchanged")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--engine", choices=["emulator", "sglang", "modal", "external"],
                    help="override the endpoint's engine")
@@ -26,6 +30,9 @@ def add_measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resolution", type=float, help="relative capacity resolution (default 0.05)")
     p.add_argument("--start-rps", type=float, help="first probed arrival rate (default 1.0)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--estimator", choices=["interp", "search"], default="interp",
+                   help="per-run capacity the statistics compare: 'interp' (default; the rate where the SLA ratio "
+                        "crosses 1, interpolated between load steps) or 'search' (highest passing rate found)")
 
 
 def capacity_settings(args: argparse.Namespace) -> Any:
@@ -40,8 +47,28 @@ def capacity_settings(args: argparse.Namespace) -> Any:
     return s
 
 
-def load_pool(endpoint: EndpointSpec, args: argparse.Namespace, out: Path) -> Any:
+def log_fingerprint(logs: list[Path], fmt: str) -> dict[str, Any]:
+    """What a pool built from ``logs`` depends on besides the redaction key: each file's path, size and
+    mtime, the reader format and the pool schema version. Equal fingerprints => the same source records."""
+    from autoresearch_dagster.pool import SCHEMA_VERSION
+
+    files = []
+    for p in logs:
+        st = p.stat()
+        files.append({"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return {"logs": files, "format": fmt, "pool_schema_version": SCHEMA_VERSION}
+
+
+def load_pool(endpoint: EndpointSpec, args: argparse.Namespace, pool_dir: Path) -> Any:
+    """``--pool``, else the pool in ``pool_dir`` if it was built from the same logs, else a new build there.
+
+    Without AUTORESEARCH_REDACTION_KEY each build redacts under a fresh random key, so two builds of the
+    same logs differ (and so would their campaigns); reusing the earlier build keeps one campaign. With
+    the key set, the build is rebuilt (it is deterministic under the key, and a pool made under another
+    key must not stand in for it). Only the logs' fingerprint is stored, never anything derived from a key.
+    """
     from autoresearch_dagster.pool import build_pool, read_pool
+    from autoresearch_dagster.redact import KEY_ENV
 
     if args.pool:
         if not Path(args.pool).exists():
@@ -53,7 +80,19 @@ def load_pool(endpoint: EndpointSpec, args: argparse.Namespace, out: Path) -> An
     missing = [str(p) for p in logs if not p.exists()]
     if missing:
         raise SpecError(f"endpoint {endpoint.name!r}: log files not found: {', '.join(missing)}")
-    built = build_pool(logs, endpoint.name, out / "pool", fmt=endpoint.workload.format)
+    fingerprint = log_fingerprint(logs, endpoint.workload.format)
+    stamp = pool_dir / SOURCE_FILE
+    if not os.environ.get(KEY_ENV) and stamp.exists():
+        try:
+            if json.loads(stamp.read_text()) == fingerprint:
+                pool = read_pool(pool_dir)
+                print(f"reusing replay pool {pool_dir} (built from the same, unchanged logs)")
+                return pool
+        except (OSError, ValueError) as e:
+            print(f"rebuilding replay pool {pool_dir}: the earlier build is unreadable ({type(e).__name__})")
+    built = build_pool(logs, endpoint.name, pool_dir, fmt=endpoint.workload.format)
+    write_json(stamp, fingerprint)  # after the build is in place: a build cut short is never reused
+    print(f"built replay pool {pool_dir} from {len(logs)} log file(s)")
     return read_pool(built.pool_path)
 
 
@@ -72,9 +111,9 @@ def open_campaign(endpoint: EndpointSpec, args: argparse.Namespace) -> tuple[Pat
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pool = load_pool(endpoint, args, out)
-    engine = make_engine(endpoint, engine=args.engine)
     results = open_results(args)
+    pool = load_pool(endpoint, args, results.pool_dir(endpoint.name) if results is not None else out / "pool")
+    engine = make_engine(endpoint, engine=args.engine)
     campaign = start_campaign(endpoint, pool, results=results, engine_name=getattr(engine, "name", None))
     return out, pool, engine, results, campaign
 

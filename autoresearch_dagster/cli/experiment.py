@@ -13,7 +13,7 @@ VERDICT_KEYS = ("verdict", "confirmed", "reason", "ratio_median", "ci_low", "ci_
                 "noise_source", "runs_baseline", "runs_candidate", "capacities_baseline", "capacities_candidate",
                 "lossy", "correctness", "invalid_reasons", "metric", "mode", "experiment_id", "endpoint",
                 "campaign_id", "baseline_config", "candidate_config", "baseline_hash", "candidate_hash", "stages",
-                "run_order")
+                "run_order", "estimator")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,10 +56,10 @@ def handle_run(args: argparse.Namespace) -> int:
             raise SpecError(f"--noise {args.noise}: cannot read capacity_cv ({e})") from None
     out, pool, engine, results, campaign = open_campaign(endpoint, args)
     settings = HarnessSettings(capacity=capacity_settings(args), mode=args.mode, confirm=not args.no_confirm,
-                               seed=args.seed)
+                               seed=args.seed, estimator=args.estimator)
     res = run_experiment(endpoint, endpoint.server_config, candidate, pool, engine=engine, results=results,
                          settings=settings, budget=budget, noise_cv=noise_cv, campaign=campaign, progress=print)
-    full = res.to_dict()
+    full = {**res.to_dict(), "estimator": args.estimator}  # `metric` names the RunRecord field it selected
     write_json(out / "experiment.json", full)
     write_json(out / "verdict.json", {k: full[k] for k in VERDICT_KEYS})
     print(render(full))

@@ -28,13 +28,14 @@ def handle(args: argparse.Namespace) -> int:
     endpoint = load_endpoint(args.endpoint)
     out, pool, engine, results, campaign = open_campaign(endpoint, args)
     res = measure_noise(endpoint, endpoint.server_config, pool, engine=engine, runs=args.runs, results=results,
-                        settings=HarnessSettings(capacity=capacity_settings(args), seed=args.seed),
+                        settings=HarnessSettings(capacity=capacity_settings(args), seed=args.seed,
+                                                 estimator=args.estimator),
                         reference_rps=args.reference_rps, campaign=campaign, progress=print)
     write_json(out / "noise.json", res.to_dict())
     f = res.floor
     print(f"noise floor for {endpoint.name} ({res.engine} {res.engine_version}): capacity CV {f.cv:.2%} over "
           f"{f.n} runs; median {f.median:.4g} req/s, {f.confidence:.0%} CI [{f.ci_low:.4g}, {f.ci_high:.4g}] "
-          f"({f.ci_method})")
+          f"({f.ci_method}; {res.estimator} capacity per run)")
     for name, s in res.latency_spread.items():
         print(f"  {name} at {res.reference_rps:.3g} req/s: median {s['median']:.1f} ms, CV {s['cv']:.1%}")
     print(f"wrote {out / 'noise.json'}")
