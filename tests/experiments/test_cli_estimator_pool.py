@@ -100,7 +100,8 @@ def test_estimator_flag_selects_the_verdict_statistic_and_is_recorded(tmp_path, 
     i, s = verdicts["interp"], verdicts["search"]
     assert (i["estimator"], i["metric"]) == ("interp", "capacity_interp_rps")
     assert (s["estimator"], s["metric"]) == ("search", "capacity_rps")
-    assert {st["estimator"] for st in i["stages"]} == {"interp"} and {st["estimator"] for st in s["stages"]} == {"search"}
+    assert {st["estimator"] for st in i["stages"]} == {"interp"}
+    assert {st["estimator"] for st in s["stages"]} == {"search"}
     runs = json.loads((tmp_path / "search" / "experiment.json").read_text())["runs"]
     assert s["capacities_baseline"] == [r["capacity_rps"] for r in runs if r["arm"] == "baseline" and r["valid"]]
     assert i["capacities_baseline"] != s["capacities_baseline"]  # interp values are not the search's grid points

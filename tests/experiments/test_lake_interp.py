@@ -1,4 +1,4 @@
-"""The runs table's interpolated capacity: written from each RunRecord, in capacity_by_config, and old lakes still read."""
+"""The runs table's interpolated capacity: written from each RunRecord, in capacity_by_config; old lakes still read."""
 from __future__ import annotations
 
 import statistics
@@ -50,7 +50,8 @@ def test_a_lake_written_before_the_column_still_reads_and_gets_it(tmp_path):
     pq.write_table(old.empty_table(), root / "runs" / f"endpoint={SCHEMA_PARTITION}" / "part-schema.parquet")
     (root / "runs" / "endpoint=demo").mkdir()
     pq.write_table(pa.Table.from_pylist([{"run_id": "old", "config_hash": "h", "capacity_rps": 8.0, "gpus": 1,
-                                          "valid": True}], schema=old), root / "runs" / "endpoint=demo" / "part-old.parquet")
+                                          "valid": True}], schema=old),
+                   root / "runs" / "endpoint=demo" / "part-old.parquet")
     (root / DB_NAME).unlink()
     con = duckdb.connect(str(root / DB_NAME))  # the analytics file as the old code left it: no interp anywhere
     con.execute(next(s for s in ResultsLake(root).view_sql() if s.startswith("CREATE OR REPLACE VIEW runs ")))
