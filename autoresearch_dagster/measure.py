@@ -299,14 +299,19 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
 # ---------------------------------------------------------------- interpolated capacity
 
 def interpolate_crossing(points: list[tuple[float, float | None, bool]], *, window: float = 0.25,
-                         max_points: int = 12, max_resid: float = 0.3) -> float | None:
+                         max_points: int = 12, max_resid: float = 0.3,
+                         max_extrapolation: float = 0.05) -> float | None:
     """Rate at which the SLA's worst measured/bound ratio crosses 1, from (rate, sla_ratio, passed) probes.
 
     Pass/fail near the knee is close to a coin toss, so the highest confirmed pass is one noisy,
     resolution-quantised sample. The ratio itself moves smoothly with rate: log(ratio) is fitted
     linearly against log(rate) over the probes (up to ``max_points``) within ``window`` (relative)
     of the two-point crossing between the highest pass and the lowest failure above it, and the
-    fit's root, kept inside the fitted probes' span, is the estimate. A fit whose RMS residual
+    fit's root is the estimate, kept within ``max_extrapolation`` (relative) of the fitted probes'
+    span. The root may leave the span: when a lucky pass lands on a probe just above the true
+    crossing, every probe near the knee lies above it and bisection never probes below; clamping to
+    the span then piled 27% of one bank's runs onto that one probe rate (24.0 req/s), so each
+    arm's estimate leaned on where its knee fell on the fixed bisection grid. A fit whose RMS residual
     exceeds ``max_resid`` (in log ratio; a cliff rather than a slope, where a straight line would
     put the root anywhere in the window) is not used. With fewer than three such
     probes, or a fit that does not rise, the two-point log-log interpolation is the estimate.
@@ -336,7 +341,8 @@ def interpolate_crossing(points: list[tuple[float, float | None, bool]], *, wind
         slope, intercept = np.polyfit(xs, ys, 1)
         resid = float(np.sqrt(np.mean((ys - (intercept + slope * xs)) ** 2)))
         if slope > 0 and resid <= max_resid:
-            est = min(max(-intercept / slope, float(xs.min())), float(xs.max()))
+            ext = math.log1p(max_extrapolation)
+            est = min(max(-intercept / slope, float(xs.min()) - ext), float(xs.max()) + ext)
     rate = math.exp(est)
     return min([rate, *hidden_caps])
 

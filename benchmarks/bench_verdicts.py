@@ -116,10 +116,9 @@ def _load_banks(path: str | None, key: dict) -> list[RunRecord] | None:
 
 
 def _save_banks(path: str, key: dict, recs: list[RunRecord]) -> None:
-    slim = [dataclasses.replace(r, steps=[]) for r in recs]  # the verdicts need run-level values only
     tmp = Path(path).with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        pickle.dump({"key": key, "runs": slim}, f)
+        pickle.dump({"key": key, "runs": recs}, f)
     os.replace(tmp, path)
 
 
@@ -129,9 +128,9 @@ def main() -> int:
     ap.add_argument("--comparisons", type=int, help="comparisons per scenario (default 200; --quick 60)")
     ap.add_argument("--bank", type=int, help="measured runs per server (default 120; --quick 60)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--faster", type=float, default=1.045,
+    ap.add_argument("--faster", type=float, default=1.0515,
                     help="iteration speed factor of the faster server (calibrated for ~ +5%% capacity on the demo)")
-    ap.add_argument("--slower", type=float, default=0.937,
+    ap.add_argument("--slower", type=float, default=0.9462,
                     help="iteration speed factor of the slower server (calibrated for ~ -5%% capacity on the demo)")
     ap.add_argument("--endpoint", default=str(ROOT / "examples/endpoints/demo.yaml"))
     ap.add_argument("--pool", help="replay pool directory (default: built from the endpoint's logs)")

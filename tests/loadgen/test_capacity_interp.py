@@ -86,3 +86,15 @@ def test_a_cliff_keeps_the_estimate_inside_the_last_bracket():
     pts = [(r, 0.05 if r <= 10.0 else 5.0, r <= 10.0) for r in (8.0, 9.0, 9.5, 9.8, 10.0, 10.1, 10.5, 11.0, 12.0)]
     est = interpolate_crossing(pts)
     assert 10.0 <= est <= 10.1
+
+
+def test_a_lucky_pass_above_the_knee_does_not_pin_the_estimate_to_that_probe():
+    # the ratio follows (rate / 23.7)^2, but the probe at 24.0 passed by luck (0.99) and bisection then
+    # only probed above it: the fit's root lies below every probe, and is used (within 5%), not clamped to 24.0
+    knee = 23.7
+    pts = [(16.0, (16.0 / knee) ** 2, True), (32.0, (32.0 / knee) ** 2, False), (24.0, 0.99, True)]
+    pts += [(r, (r / knee) ** 2, False) for r in (28.0, 26.0, 25.0, 24.5, 24.25, 24.125)]
+    est = interpolate_crossing(pts)
+    assert est < 24.0
+    assert est == pytest.approx(knee, rel=0.01)
+    assert interpolate_crossing(pts, max_extrapolation=0.0) == pytest.approx(24.0)  # the old clamp
