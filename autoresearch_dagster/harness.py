@@ -196,6 +196,7 @@ class RunRecord:
     engine_version: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     started_at: str = ""
+    warnings: list[str] = field(default_factory=list)  # caveats that do not invalidate the run (short holds)
 
     def value(self, metric: str) -> float | None:
         if metric == "replay_capacity":
@@ -299,6 +300,7 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
                 rec.capacity_rps = float(cap.capacity_rps)
                 rec.capacity_rps_per_gpu = float(cap.capacity_rps_per_gpu)
                 rec.capacity_interp_rps = cap.capacity_interp_rps
+                rec.warnings += cap.warnings
                 rec.steps = [_step_dict(s) for s in cap.steps]
                 if not cap.valid:
                     rec.invalid_reasons += list(cap.invalid_reasons) or ["capacity search invalid"]
@@ -513,6 +515,7 @@ class ExperimentResult:
                 "reason": self.reason, "metric": self.metric, "mode": self.mode,
                 "ratio_median": v.ratio_median if v else None, "ci_low": v.ci_low if v else None,
                 "ci_high": v.ci_high if v else None, "margin": v.margin if v else None,
+                "confidence": v.confidence if v else None,
                 "noise_cv": self.noise_cv, "noise_source": self.noise_source,
                 "runs_baseline": self.runs_baseline, "runs_candidate": self.runs_candidate,
                 "capacities_baseline": self.values("baseline"), "capacities_candidate": self.values("candidate"),

@@ -73,7 +73,7 @@ def render(v: dict) -> str:
              f"  reason: {v['reason']}"]
     if v["ratio_median"] is not None:
         lines.append(f"  {v['metric']} ratio candidate/baseline (median): {v['ratio_median']:.4f}  "
-                     f"95% CI [{v['ci_low']:.4f}, {v['ci_high']:.4f}]  margin ±{v['margin']:.4f} "
+                     f"{v['confidence']:.0%} CI [{v['ci_low']:.4f}, {v['ci_high']:.4f}]  margin ±{v['margin']:.4f} "
                      f"(noise CV {v['noise_cv']:.4f} from {v['noise_source']})")
     fmt = lambda xs: ", ".join(f"{x:.4g}" for x in xs)  # noqa: E731
     lines.append(f"  baseline  runs={v['runs_baseline']}: [{fmt(v['capacities_baseline'])}]")
@@ -83,6 +83,10 @@ def render(v: dict) -> str:
                                              f"kl_mean={v['correctness'].get('kl_mean')}" if v["correctness"] else ""))
     if v["invalid_reasons"]:
         lines.append("  invalid: " + "; ".join(v["invalid_reasons"]))
+    runs = v.get("runs") or []
+    caveats = [r["warnings"][0] for r in runs if r.get("warnings")]
+    if caveats:
+        lines.append(f"  caveat on {len(caveats)} of {len(runs)} runs, e.g.: {caveats[0]}")
     lines.append("  stages: " + ("; ".join(f"{s['stage']}: {s['verdict']} (n={s['n_baseline']}/{s['n_candidate']})"
                                             for s in v["stages"]) or "none (no comparison was run)"))
     return "\n".join(lines)

@@ -140,6 +140,8 @@ def _capacity(args: argparse.Namespace) -> int:
     state = "valid" if result.valid else "INVALID: " + "; ".join(result.invalid_reasons)
     print(f"capacity {result.capacity_rps:.4g} req/s ({result.capacity_rps_per_gpu:.4g} per GPU) at {sla} "
           f"in {summary['n_steps']} steps; {state}; outputs in {out}")
+    for w in result.warnings:
+        print(f"caveat: {w}")
     return 0 if result.valid else 1
 
 

@@ -38,7 +38,7 @@ def test_experiment_run_prints_and_writes_the_verdict(files, fake_engine, capsys
                "--out", str(tmp / "exp"), "--lake", str(tmp / "lake"), *SMALL])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "VERDICT: BETTER (confirmed)" in out and "95% CI" in out
+    assert "VERDICT: BETTER (confirmed)" in out and "90% CI" in out
     v = json.loads((tmp / "exp" / "verdict.json").read_text())
     for key in ("verdict", "ratio_median", "ci_low", "ci_high", "margin", "runs_baseline", "runs_candidate",
                 "lossy", "correctness", "invalid_reasons"):

@@ -74,7 +74,7 @@ def test_bootstrap_ci_coverage_of_the_median_ratio():
     trials = 120
     for i in range(trials):
         base, cand = _sample(rng, 10, 0.03, 10), _sample(rng, 10.3, 0.03, 10)
-        v = stats.verdict(base, cand, noise_cv=0.03, seed=i, n_resamples=2000)
+        v = stats.verdict(base, cand, noise_cv=0.03, seed=i, n_resamples=2000, confidence=0.95)
         covered += v.ci_low <= 1.03 <= v.ci_high
     assert covered / trials >= 0.85  # small-sample median bootstrap under-covers a little, never badly
 

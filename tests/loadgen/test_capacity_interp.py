@@ -98,3 +98,20 @@ def test_a_lucky_pass_above_the_knee_does_not_pin_the_estimate_to_that_probe():
     assert est < 24.0
     assert est == pytest.approx(knee, rel=0.01)
     assert interpolate_crossing(pts, max_extrapolation=0.0) == pytest.approx(24.0)  # the old clamp
+
+
+def _outcome(window_s: float, e2e_s: float, n: int = 50) -> StepOutcome:
+    recs = [RequestRecord(request_id=f"r{i}", step_id="s", scheduled_s=i * window_s / (n - 1),
+                          sent_s=i * window_s / (n - 1), first_token_s=i * window_s / (n - 1) + 0.1,
+                          end_s=i * window_s / (n - 1) + e2e_s, ttft_s=0.1, itl_s=[0.01], e2e_s=e2e_s,
+                          prompt_tokens=10, output_tokens=2, status="ok") for i in range(n)]
+    return StepOutcome(step_id="s", records=recs, duration_s=window_s + e2e_s)
+
+
+def test_a_hold_shorter_than_ten_mean_latencies_is_flagged():
+    from autoresearch_dagster.measure import hold_warning
+    warning = hold_warning(_outcome(60.0, 8.0))
+    assert warning and "60 s" in warning and "8.0 s" in warning and "optimistic" in warning
+    assert hold_warning(_outcome(120.0, 8.0)) is None
+    # the smooth test deployment answers in 0.3 s against 20 s steps: no caveat on its search
+    assert _search(20.0, resolution=0.10).warnings == []
