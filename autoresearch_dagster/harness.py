@@ -723,6 +723,13 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
             if ex.progress:
                 ex.progress(f"  {outcome.reason}; continuing to n={schedule[i + 1]} per arm")
             continue
+        if v.verdict == "same" and v.margin > settings.min_margin and i + 1 < len(schedule):
+            # an equivalence shown only within a noise-inflated margin is not "same" at the practical
+            # margin: a true -5% change read as "same within ±7%" after 5 runs; more runs shrink the floor
+            if ex.progress:
+                ex.progress(f"  same only within ±{v.margin:.4f} (noise floor above the {settings.min_margin:.0%} "
+                            f"practical margin); continuing to n={schedule[i + 1]} per arm")
+            continue
         if v.verdict != "undecided":
             break
     if v is None:

@@ -114,6 +114,10 @@ def _load_banks(path: str | None, key: dict) -> list[RunRecord] | None:
     if saved["key"] != key:
         raise SystemExit(f"{path} was measured with other settings: {saved['key']} (now {key}); remove it or "
                          "pass another --banks")
+    for rec in saved["runs"]:  # a bank pickled before RunRecord gained a field: give it the field's default
+        for f in dataclasses.fields(RunRecord):
+            if f.name not in rec.__dict__:
+                rec.__dict__[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     return saved["runs"]
 
 

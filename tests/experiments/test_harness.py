@@ -339,3 +339,19 @@ def test_an_unconfirmed_better_at_the_cap_is_same_with_the_reason(endpoint, pool
     assert res.verdict == "same" and not res.confirmed
     assert "better not confirmed" in res.reason and "do not repeat the direction" in res.reason
     assert res.stages[-1]["stage"] == "stopped" and not res.stats.equivalence_shown
+
+
+def test_same_within_a_noise_inflated_margin_is_not_final_before_the_cap(endpoint, pool):
+    # a 5% run-level CV makes the n=3 noise floor (and so the margin) far wider than the practical 2%:
+    # "same within ±8%" is no equivalence claim, so the schedule goes on; at the cap it is accepted
+    source = _scripted({
+        ("baseline", "experiment"): [10.0, 10.1, 9.9] * 2,
+        ("candidate", "experiment"): [10.05, 9.95, 10.0] * 2,
+    })
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=None,
+                         settings=settings(), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=6),
+                         noise_cv=0.05, run_source=source)
+    stages = [(s["stage"], s["verdict"]) for s in res.stages]
+    assert stages == [("n=3", "same"), ("n=6", "same")]
+    assert res.stages[0]["margin"] > 0.02 and res.runs_baseline == res.runs_candidate == 6
+    assert res.verdict == "same"
