@@ -44,7 +44,7 @@ def test_experiment_run_prints_and_writes_the_verdict(files, fake_engine, capsys
                 "lossy", "correctness", "invalid_reasons"):
         assert key in v
     assert v["verdict"] == "better" and 1.1 < v["ratio_median"] < 1.3 and v["ci_low"] > 1 + v["margin"]
-    assert v["runs_baseline"] == 10 and v["lossy"] is False and v["correctness"] is None
+    assert v["runs_baseline"] == 10 and v["lossy"] is False and v["correctness"] is None and v["confidence"] == 0.9
     assert len(json.loads((tmp / "exp" / "experiment.json").read_text())["runs"]) == 20
 
     capsys.readouterr()
