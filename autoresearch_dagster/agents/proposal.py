@@ -95,8 +95,8 @@ def make_proposals(endpoint: str, report: dict[str, Any], baseline_config: dict[
     seen: set[str] = set(tested) | {base_hash}
 
     def falsifier(knobs: str, bottleneck: str) -> str:
-        return (f"refuted if the 95% CI of the median capacity ratio stays below {1 + margin:.3f} "
-                f"(verdict same or worse): then {knobs} does not relieve {bottleneck}")
+        return (f"refuted if the verdict interval (90% CI) of the median capacity ratio does not rise above "
+                f"{1 + margin:.3f} (verdict same or worse): then {knobs} does not relieve {bottleneck}")
 
     for cid, cand in sorted(candidates.items()):
         config = validate_server_config({**baseline_config, **cand})

@@ -9,9 +9,9 @@ from autoresearch_dagster.cli._experiments_common import (add_measure_args, capa
                                                            write_json)
 from autoresearch_dagster.spec import Budget, SpecError, load_endpoint, load_server_config
 
-VERDICT_KEYS = ("verdict", "confirmed", "reason", "ratio_median", "ci_low", "ci_high", "confidence", "margin", "noise_cv",
-                "noise_source", "runs_baseline", "runs_candidate", "capacities_baseline", "capacities_candidate",
-                "lossy", "correctness", "invalid_reasons", "metric", "mode", "experiment_id", "endpoint",
+VERDICT_KEYS = ("verdict", "confirmed", "reason", "ratio_median", "ci_low", "ci_high", "confidence", "margin",
+                "noise_cv", "noise_source", "runs_baseline", "runs_candidate", "capacities_baseline",
+                "capacities_candidate", "lossy", "correctness", "invalid_reasons", "metric", "mode", "experiment_id", "endpoint",
                 "campaign_id", "baseline_config", "candidate_config", "baseline_hash", "candidate_hash", "stages",
                 "run_order", "estimator")
 

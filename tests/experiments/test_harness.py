@@ -321,7 +321,8 @@ def test_an_unconfirmed_early_better_continues_to_the_next_stage(endpoint, pool)
     stages = [(s["stage"], s["verdict"]) for s in res.stages]
     assert stages[:2] == [("n=3", "better"), ("confirmation: pooled", "undecided")]
     assert ("n=6", "better") in stages or ("n=12", "better") in stages  # the schedule went on after n=3
-    assert [s for s, _ in stages].count("confirmation: pooled") == 2 and stages[-1] == ("confirmation: pooled", "better")
+    assert [s for s, _ in stages].count("confirmation: pooled") == 2
+    assert stages[-1] == ("confirmation: pooled", "better")
     assert res.verdict == "better" and res.confirmed
     assert len([r for r in res.runs if r.purpose == "confirmation"]) == 12  # two rounds of 3 fresh runs per arm
 
