@@ -367,6 +367,9 @@ class CapacitySettings:
     max_steps: int = 20
     request_timeout_s: float = 120.0
     flush_cache: bool = True
+    # > 0: hold each step at least this many times the highest mean E2E latency of the passing steps so
+    # far (methods.md §2 asks for 10), so steps near the knee reach their steady state; 0: fixed holds
+    hold_e2e_multiple: float = 0.0
 
 
 @dataclass
@@ -411,12 +414,21 @@ def hold_warning(outcome: StepOutcome, *, multiple: float = HOLD_E2E_MULTIPLE) -
         return None
     return (f"steps held {window:.0f} s at the capacity rate, under {multiple:g}x its mean E2E latency "
             f"({mean_e2e:.1f} s): the queue may not have reached its steady state, so the capacity may be "
-            f"optimistic; longer steps (--step-duration) measure the sustained rate")
+            f"optimistic; longer steps (--step-duration, or --hold-e2e-multiple {multiple:g}) measure the "
+            f"sustained rate")
 
 
-def _step_duration(rate: float, s: CapacitySettings) -> float:
-    """Hold long enough for the duration AND the minimum number of completed requests (10% headroom)."""
-    return max(s.step_duration_s, 1.1 * s.min_completed / rate)
+def _step_duration(rate: float, s: CapacitySettings, mean_e2e_s: float = 0.0) -> float:
+    """Hold long enough for the duration AND the minimum number of completed requests (10% headroom),
+    and, with ``hold_e2e_multiple``, for that many mean E2E latencies of the passing steps so far
+    (25% headroom: latency still rises toward the knee; on the demo the mean E2E went from 9 s at
+    16 req/s to 11 s at its 22 req/s capacity)."""
+    return max(s.step_duration_s, 1.1 * s.min_completed / rate, 1.25 * s.hold_e2e_multiple * mean_e2e_s)
+
+
+def _mean_e2e(outcome: StepOutcome) -> float:
+    e2e = [r.e2e_s for r in outcome.records if r.status == "ok" and r.e2e_s is not None]
+    return float(np.mean(e2e)) if e2e else 0.0
 
 
 def _confirmed(steps: list[LoadStep], value: float) -> bool:
@@ -467,7 +479,9 @@ def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, mod
         execute(s.start_rps, s.warmup_s, "warmup", 0)
 
     def probe(rate: float, kind: str) -> bool:
-        return execute(rate, _step_duration(rate, s), kind, s.min_completed).passed
+        held_e2e = max([_mean_e2e(o) for st, o in zip(steps, outcomes) if st.kind != "warmup" and st.passed],
+                       default=0.0)
+        return execute(rate, _step_duration(rate, s, held_e2e), kind, s.min_completed).passed
 
     capacity, _ = grow_bisect(probe, start=s.start_rps, growth=s.growth, resolution=s.resolution,
                               max_steps=s.max_steps)

@@ -29,6 +29,9 @@ def add_measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-completed", type=int, help="completed requests needed per step (default 100; --quick 40)")
     p.add_argument("--resolution", type=float, help="relative capacity resolution (default 0.05)")
     p.add_argument("--start-rps", type=float, help="first probed arrival rate (default 1.0)")
+    p.add_argument("--hold-e2e-multiple", type=float,
+                   help="hold each step at least this many mean E2E latencies of the passing steps so far "
+                        "(methods.md asks for 10; default 0 = fixed --step-duration)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--estimator", choices=["interp", "search"], default="interp",
                    help="per-run capacity the statistics compare: 'interp' (default; the rate where the SLA ratio "
@@ -41,7 +44,8 @@ def capacity_settings(args: argparse.Namespace) -> Any:
     s = CapacitySettings(step_duration_s=20.0, min_completed=40, warmup_s=3.0, resolution=0.05) if args.quick \
         else CapacitySettings()
     for attr, field in (("step_duration", "step_duration_s"), ("min_completed", "min_completed"),
-                        ("resolution", "resolution"), ("start_rps", "start_rps")):
+                        ("resolution", "resolution"), ("start_rps", "start_rps"),
+                        ("hold_e2e_multiple", "hold_e2e_multiple")):
         if getattr(args, attr) is not None:
             setattr(s, field, getattr(args, attr))
     return s

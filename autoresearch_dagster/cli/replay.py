@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
     common(cap)
     cap.add_argument("--step-duration", type=float, default=60.0, help="seconds each load step is held (default 60)")
     cap.add_argument("--min-completed", type=int, default=100, help="completed requests a step needs (default 100)")
+    cap.add_argument("--hold-e2e-multiple", type=float, default=0.0,
+                     help="hold each step at least this many mean E2E latencies of the passing steps so far "
+                          "(methods.md asks for 10; default 0 = fixed --step-duration)")
     cap.add_argument("--resolution", type=float, default=0.05, help="relative resolution of the search (default 0.05)")
     cap.add_argument("--burstiness", type=float, default=1.0,
                      help="gamma shape of inter-arrivals: 1 Poisson, <1 burstier (default 1)")
@@ -123,7 +126,8 @@ def _capacity(args: argparse.Namespace) -> int:
     settings = CapacitySettings(step_duration_s=args.step_duration, min_completed=args.min_completed,
                                 start_rps=args.start_rps, growth=args.growth, resolution=args.resolution,
                                 warmup_s=args.warmup, burstiness=args.burstiness, max_steps=args.max_steps,
-                                request_timeout_s=args.timeout, flush_cache=not args.no_flush)
+                                request_timeout_s=args.timeout, flush_cache=not args.no_flush,
+                                hold_e2e_multiple=args.hold_e2e_multiple)
     dep, sla, gpus, model, close = _target(args)
     try:
         result = find_capacity(dep, pool, sla, gpus=gpus, model=model, settings=settings, seed=args.seed,

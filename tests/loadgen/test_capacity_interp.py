@@ -115,3 +115,26 @@ def test_a_hold_shorter_than_ten_mean_latencies_is_flagged():
     assert hold_warning(_outcome(120.0, 8.0)) is None
     # the smooth test deployment answers in 0.3 s against 20 s steps: no caveat on its search
     assert _search(20.0, resolution=0.10).warnings == []
+
+
+class SlowAnswers(SmoothDeployment):
+    """The smooth deployment, answering after 4 s: 10 mean latencies are 40 s, twice the 20 s steps."""
+
+    def run_step(self, schedule, *, step_id, timeout_s):
+        out = super().run_step(schedule, step_id=step_id, timeout_s=timeout_s)
+        for r in out.records:
+            r.end_s, r.e2e_s = r.end_s + 4.0, r.e2e_s + 4.0
+        return out
+
+
+def test_hold_e2e_multiple_lengthens_the_steps_after_the_first_pass_and_clears_the_caveat():
+    s = CapacitySettings(step_duration_s=20, min_completed=40, start_rps=2.0, resolution=0.10, warmup_s=0)
+    sla = SLA.parse("ttft_p99<=500ms,errors<=1%")  # the slow tail is decode time, outside this SLA
+    fixed = find_capacity(SlowAnswers(20.0), POOL, sla, gpus=1, model="m", settings=s, seed=3)
+    assert fixed.warnings and "--hold-e2e-multiple" in fixed.warnings[0]
+    s.hold_e2e_multiple = 10.0
+    held = find_capacity(SlowAnswers(20.0), POOL, sla, gpus=1, model="m", settings=s, seed=3)
+    spans = [o.records[-1].scheduled_s - o.records[0].scheduled_s for o in held.outcomes]
+    assert spans[0] < 25.0  # nothing passed yet: the fixed hold
+    assert all(span >= 50.0 for span in spans[1:])  # >= 4.2 s mean E2E x 10 x 1.25 after the first pass
+    assert held.warnings == [] and held.capacity_interp_rps == pytest.approx(20.0, rel=0.01)
