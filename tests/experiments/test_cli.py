@@ -93,3 +93,13 @@ def test_real_emulator_experiment_detects_a_clearly_worse_config(files, capsys):
     runs = json.loads((tmp / "emu" / "experiment.json").read_text())["runs"]
     assert all(r["engine"] == "emulator" and r["engine_version"].startswith("emulator") for r in runs)
     assert all(r["server_info"].get("max_running_requests") == 2 for r in runs if r["arm"] == "candidate")
+
+
+def test_capacity_flags_reach_the_capacity_settings():
+    import argparse
+
+    from autoresearch_dagster.cli._experiments_common import capacity_settings
+    args = argparse.Namespace(quick=False, step_duration=90.0, min_completed=None, resolution=None, start_rps=None,
+                              hold_e2e_multiple=10.0)
+    s = capacity_settings(args)
+    assert s.step_duration_s == 90.0 and s.hold_e2e_multiple == 10.0 and s.min_completed == 100
