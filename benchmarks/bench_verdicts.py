@@ -143,6 +143,8 @@ def main() -> int:
     ap.add_argument("--step-duration", type=float, default=40.0)
     ap.add_argument("--min-completed", type=int, default=60)
     ap.add_argument("--resolution", type=float, default=0.01)
+    ap.add_argument("--hold-e2e-multiple", type=float, default=0.0,
+                    help="hold steps >= 1.25 x this many mean E2E latencies (CapacitySettings.hold_e2e_multiple)")
     ap.add_argument("--start-rps", type=float, default=16.0)
     ap.add_argument("--banks", help="pickle file of phase 1's run banks: loaded when it exists (phase 1 is skipped; "
                     "the settings it was measured with must match), else written after phase 1")
@@ -160,7 +162,8 @@ def main() -> int:
         pool_path = args.pool or str(build_pool(ep.log_paths(), ep.name, Path(tmp) / "pool").pool_path)
         settings = HarnessSettings(capacity=CapacitySettings(step_duration_s=args.step_duration,
                                                              min_completed=args.min_completed, warmup_s=0.0,
-                                                             resolution=args.resolution, start_rps=args.start_rps),
+                                                             resolution=args.resolution, start_rps=args.start_rps,
+                                                             hold_e2e_multiple=args.hold_e2e_multiple),
                                    warmup_requests=4, estimator=args.estimator)
         metric = INTERP_METRIC if args.estimator == "interp" else "capacity_rps"
         speeds = {"baseline": 1.0, "faster": args.faster, "slower": args.slower}
