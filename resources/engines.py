@@ -32,6 +32,7 @@ class MeasurementSettings(dg.ConfigurableResource):
     growth: float = 2.0
     resolution: float = 0.05
     max_steps: int = 20
+    hold_e2e_multiple: float = 0.0  # > 0: steps held >= 1.25 x this many mean E2E (steady state; see docs/runner.md)
     noise_runs: int = 5
     initial_runs_per_arm: int = 5
     max_runs_per_arm: int = 20
@@ -53,7 +54,8 @@ class MeasurementSettings(dg.ConfigurableResource):
 
         return CapacitySettings(step_duration_s=self.step_duration_s, min_completed=self.min_completed,
                                 start_rps=self.start_rps, growth=self.growth, resolution=self.resolution,
-                                warmup_s=self.warmup_s, max_steps=self.max_steps)
+                                warmup_s=self.warmup_s, max_steps=self.max_steps,
+                                hold_e2e_multiple=self.hold_e2e_multiple)
 
     def harness(self) -> Any:
         from autoresearch_dagster.harness import HarnessSettings

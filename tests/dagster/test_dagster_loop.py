@@ -66,3 +66,9 @@ def test_main_job_promotes_and_the_automation_reruns_the_lineage(project, tmp_pa
     again = promotion_sensor(dg.build_sensor_context(instance=instance))
     assert all(r.run_config["ops"]["confirmed_baseline"]["config"]["candidate_id"] != "ep1_better"
                for r in again.run_requests)
+
+
+def test_measurement_settings_carry_the_steady_state_hold_to_the_harness():
+    held = MeasurementSettings(hold_e2e_multiple=10.0)
+    assert held.harness().capacity.hold_e2e_multiple == 10.0
+    assert MeasurementSettings().capacity().hold_e2e_multiple == 0.0
