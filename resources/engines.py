@@ -44,10 +44,12 @@ class MeasurementSettings(dg.ConfigurableResource):
     @classmethod
     def quick(cls) -> "MeasurementSettings":
         """The demo profile: the same load steps as the standard one (shorter steps make p99 judge
-        on too few requests and the capacity search wanders), the statistical minimum of 5 runs per
-        arm without escalating to 10/20, one experiment per round and the quick diagnosis."""
+        on too few requests and the capacity search wanders) held to their steady state (10x the
+        mean E2E: fixed 60 s holds on the demo end mid-fill and report ~20 req/s where ~17 is
+        sustained), the statistical minimum of 5 runs per arm without escalating to 10/20, one
+        experiment per round and the quick diagnosis."""
         return cls(noise_runs=5, initial_runs_per_arm=5, max_runs_per_arm=5, experiments_per_round=1,
-                   quick_diagnosis=True)
+                   quick_diagnosis=True, hold_e2e_multiple=10.0)
 
     def capacity(self) -> Any:
         from autoresearch_dagster.measure import CapacitySettings

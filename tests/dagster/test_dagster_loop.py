@@ -72,3 +72,4 @@ def test_measurement_settings_carry_the_steady_state_hold_to_the_harness():
     held = MeasurementSettings(hold_e2e_multiple=10.0)
     assert held.harness().capacity.hold_e2e_multiple == 10.0
     assert MeasurementSettings().capacity().hold_e2e_multiple == 0.0
+    assert MeasurementSettings.quick().capacity().hold_e2e_multiple == 10.0  # make run's steady-state profile
