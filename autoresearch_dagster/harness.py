@@ -605,11 +605,15 @@ class _Experiment:
                            + "; ".join(reasons))
         return out
 
+    def valid_counts(self, purpose: str) -> dict[str, int]:
+        """Valid runs of this purpose per arm."""
+        return {a: sum(1 for r in self.res.runs if r.arm == a and r.valid and r.purpose == purpose)
+                for a in ("baseline", "candidate")}
+
     def fill(self, target: int, purpose: str, mode: str) -> str | None:
         """Run ABAB pairs until each arm has ``target`` valid runs of this purpose; returns why it stopped early."""
         while True:
-            have = {a: len([r for r in self.res.runs if r.arm == a and r.valid and r.purpose == purpose])
-                    for a in ("baseline", "candidate")}
+            have = self.valid_counts(purpose)
             if min(have.values()) >= target:
                 return None
             for arm in ("baseline", "candidate"):
@@ -707,6 +711,7 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
     v: stats.Verdict | None = None
     stop = None
     for i, target in enumerate(schedule):
+        more = i + 1 < len(schedule)  # a later stage exists
         stop = ex.fill(target, "experiment", run_mode)
         if stop == "invalid":
             res.invalid_reasons += ex.fatal()
@@ -714,7 +719,7 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
         v = ex.verdict(f"n={target}")
         if stop or v is None:
             break
-        if v.verdict == "better" and settings.confirm and i + 1 < len(schedule):
+        if v.verdict == "better" and settings.confirm and more:
             # confirm now; a "better" that does not repeat is not the end of the experiment before the
             # cap: the runs so far (confirmation runs included) stay in the evidence and the next stage adds more
             outcome = _confirm(ex, schedule[0], mode, want="better")
@@ -723,7 +728,7 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
             if ex.progress:
                 ex.progress(f"  {outcome.reason}; continuing to n={schedule[i + 1]} per arm")
             continue
-        if v.verdict == "same" and v.margin > settings.min_margin and i + 1 < len(schedule):
+        if v.verdict == "same" and v.margin > settings.min_margin and more:
             # an equivalence shown only within a noise-inflated margin is not "same" at the practical
             # margin: a true -5% change read as "same within ±7%" after 5 runs; more runs shrink the floor
             if ex.progress:
@@ -751,10 +756,10 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
 @dataclass
 class _Outcome:
     """What a confirmation concluded: the verdict (``undecided`` = not confirmed, more runs may decide),
-    its reason and the pooled statistics."""
+    its reason and the verdict over all runs."""
     verdict: str
     reason: str
-    stats: stats.Verdict | None
+    pooled: stats.Verdict | None
     confirmed: bool = False
     invalid: bool = False
 
@@ -765,7 +770,7 @@ def _close(ex: _Experiment, out: _Outcome, *, final: bool = False) -> Experiment
     res = ex.res
     if out.invalid:
         return _finish(ex, "invalid", out.reason)
-    v = out.stats
+    v = out.pooled
     if out.verdict == "undecided":
         if not final:
             raise ValueError("an unconfirmed outcome closes the experiment only at the end of the schedule")
@@ -789,8 +794,7 @@ def _confirm(ex: _Experiment, n: int, mode: str, *, want: str) -> _Outcome:
     """
     res = ex.res
     earlier = {r.run_id for r in res.runs if r.purpose == "confirmation"}
-    have = min(len([r for r in res.runs if r.arm == a and r.valid and r.purpose == "confirmation"])
-               for a in ("baseline", "candidate"))
+    have = min(ex.valid_counts("confirmation").values())
     stop = ex.fill(have + n, "confirmation", mode if want == "better" else ("shape" if mode == "shape" else "capacity"))
     if stop == "invalid":
         res.invalid_reasons += ex.fatal()

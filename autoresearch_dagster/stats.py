@@ -13,10 +13,12 @@ each of those one-sided claims a 5% error rate, the textbook level for TOST; a 9
 every claim at 2.5% and, on top of the practical margin, cost power without buying any false
 positives the A/A benchmark could see (0.0% A/A "better"/"worse" at 95%; the 90% rate is
 measured by ``benchmarks/bench_verdicts.py`` and must stay <= 2%). Reported spreads (the noise
-floor's CI of the median) stay at 95%. Capacities are quantised by
-the capacity search, so BCa can be undefined (all resampled statistics equal, or a jackknife with
-no spread); then the percentile interval is used, and when the runs within every arm are identical
-the interval collapses to the point estimate. The method actually used is recorded in the result.
+floor's CI of the median) stay at 95%.
+
+Capacities are quantised by the capacity search, so BCa can be undefined (all resampled statistics
+equal, or a jackknife with no spread); then the percentile interval is used, and when the runs
+within every arm are identical the interval collapses to the point estimate. The method actually
+used is recorded in the result.
 """
 from __future__ import annotations
 
@@ -177,9 +179,9 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
     """better | same | worse | undecided from run-level capacities (higher is better).
 
     Statistic: median(candidate)/median(baseline) with a bootstrap CI (90% two-sided by default: each
-    verdict is a one-sided claim at 5%). Margin = max(min_margin,
-    noise floor), the noise floor being the 95th percentile of |A/A effect| at these run counts given
-    the run-level ``noise_cv`` (``aa_noise_floor``, methods.md §1). better: CI entirely above
+    verdict is a one-sided claim at 5%). Margin = max(min_margin, noise floor), the noise floor
+    being the 95th percentile of |A/A effect| at these run counts given the run-level ``noise_cv``
+    (``aa_noise_floor``, methods.md §1). better: CI entirely above
     1+margin; worse: CI entirely below 1-margin; same: CI inside [1-margin, 1+margin]; anything else
     is undecided (the harness adds runs).
     """

@@ -11,9 +11,9 @@ from autoresearch_dagster.spec import Budget, SpecError, load_endpoint, load_ser
 
 VERDICT_KEYS = ("verdict", "confirmed", "reason", "ratio_median", "ci_low", "ci_high", "confidence", "margin",
                 "noise_cv", "noise_source", "runs_baseline", "runs_candidate", "capacities_baseline",
-                "capacities_candidate", "lossy", "correctness", "invalid_reasons", "metric", "mode", "experiment_id", "endpoint",
-                "campaign_id", "baseline_config", "candidate_config", "baseline_hash", "candidate_hash", "stages",
-                "run_order", "estimator")
+                "capacities_candidate", "lossy", "correctness", "invalid_reasons", "metric", "mode", "experiment_id",
+                "endpoint", "campaign_id", "baseline_config", "candidate_config", "baseline_hash", "candidate_hash",
+                "stages", "run_order", "estimator")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
