@@ -15,6 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+# CLI capacity flags for fast searches against fake deployments (fast answers, 1% resolution)
+SMALL = ["--step-duration", "6", "--min-completed", "5", "--resolution", "0.01"]
+
 from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest, StepOutcome
 from autoresearch_dagster.pool import PoolRequest, read_pool, write_pool

@@ -8,22 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import autoresearch_dagster.engines as engines
 from autoresearch_dagster.cli import main
 from autoresearch_dagster.redact import KEY_ENV
 from autoresearch_dagster.results import ResultsLake
 
-from .fakes import FakeEngine, make_pool
+from .fakes import SMALL
 
-SMALL = ["--step-duration", "6", "--min-completed", "5", "--resolution", "0.01"]
 DEMO_LOG = Path(__file__).resolve().parents[2] / "examples" / "logs" / "demo_chat.jsonl"
-
-
-@pytest.fixture
-def fake_engine(monkeypatch):
-    eng = FakeEngine(lambda c: 12.0 if c.get("schedule_policy") == "lpm" else 10.0, noise_cv=0.02)
-    monkeypatch.setattr(engines, "make_engine", lambda endpoint, **kw: eng)
-    return eng
 
 
 @pytest.fixture
@@ -84,13 +75,8 @@ def test_with_the_key_set_the_pool_is_rebuilt_deterministically_and_the_key_is_n
             assert secret.encode() not in f.read_bytes(), f
 
 
-def test_estimator_flag_selects_the_verdict_statistic_and_is_recorded(tmp_path, fake_engine):
-    ep = tmp_path / "ep.yaml"
-    ep.write_text(yaml.safe_dump({"name": "demo", "model": "m", "hardware": {"gpu": "H200", "count": 1},
-                                  "sla": "ttft_p99<=1000ms,errors<=1%", "server_config": {}}))
-    cand = tmp_path / "cand.yaml"
-    cand.write_text(yaml.safe_dump({"schedule_policy": "lpm"}))
-    make_pool(tmp_path)
+def test_estimator_flag_selects_the_verdict_statistic_and_is_recorded(files, fake_engine):
+    ep, cand, _, tmp_path = files
     verdicts = {}
     for est in ("interp", "search"):
         assert main(["experiment", "run", "--endpoint", str(ep), "--candidate", str(cand), "--pool",
