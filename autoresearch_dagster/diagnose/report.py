@@ -28,6 +28,7 @@ from autoresearch_dagster.diagnose.probes import (ProbeResult, endpoint_traits, 
                                                   run_probe, useful_probes)
 from autoresearch_dagster.diagnose.profile import ProfileError, ProfileSummary, parse_profile
 from autoresearch_dagster.diagnose.workload import WorkloadStats, prefix_reuse, workload_stats
+from autoresearch_dagster.loadgen.outputs import json_finite
 from autoresearch_dagster.spec import KNOBS, EndpointSpec, config_hash
 
 FP8_QUANT = {"fp8", "w8a8_fp8", "modelopt_fp8", "mxfp8"}
@@ -105,27 +106,16 @@ class DiagnosticReport:
         out_dir.mkdir(parents=True, exist_ok=True)
         md = _atomic_write(out_dir / "report.md", self.to_markdown())
         js = _atomic_write(out_dir / "report.json",
-                           json.dumps(_finite(self.to_json()), indent=2, default=_json_default, allow_nan=False))
+                           json.dumps(json_finite(self.to_json()), indent=2, default=_json_default, allow_nan=False))
         return md, js
 
 
 def _json_default(o: Any) -> Any:
     if isinstance(o, (np.floating, np.integer)):
-        return _finite(o.item())
+        return json_finite(o.item())
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"cannot serialize {type(o).__name__}")
-
-
-def _finite(o: Any) -> Any:
-    """The JSON tree with NaN/inf replaced by null (report.json stays strict JSON)."""
-    if isinstance(o, float):
-        return o if np.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o
 
 
 def _atomic_write(path: Path, text: str) -> Path:

@@ -67,17 +67,18 @@ def write_load_curve(steps: list[dict[str, Any]], out_dir: Path) -> tuple[Path, 
 
 def write_summary(summary: dict[str, Any], path: Path) -> Path:
     """JSON summary; non-finite numbers become null so the file is strict JSON."""
-    text = json.dumps(_clean(summary), indent=2, default=str)
+    text = json.dumps(json_finite(summary), indent=2, default=str)
     return _atomic(Path(path), lambda tmp: Path(tmp).write_text(text + "\n"))
 
 
-def _clean(o: Any) -> Any:
+def json_finite(o: Any) -> Any:
+    """The JSON tree with NaN/inf replaced by null, so the file stays strict JSON."""
     if isinstance(o, float):
         return o if math.isfinite(o) else None
     if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
+        return {k: json_finite(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
+        return [json_finite(v) for v in o]
     return o
 
 
