@@ -25,14 +25,14 @@ ENGINE = dg.AssetKey("engine_version")
 
 
 def _pool(store: ArtifactStore, name: str) -> Any:
-    from autoresearch_dagster.pool import read_pool
+    from autoresearch_dagster.pool.schema import read_pool
 
     return read_pool(store.dir(name, "replay_pool") / "replay_pool.parquet")
 
 
 def _campaign(spec: Any, pool: Any, lake: Any) -> Any:
     """The campaign of (endpoint, pool, SLA): reused while they stay the same, recorded when new."""
-    from autoresearch_dagster.harness import start_campaign
+    from autoresearch_dagster.experiments.harness import start_campaign
 
     return start_campaign(spec, pool, results=lake)
 
@@ -47,7 +47,7 @@ def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig
     """The working baseline server config of the endpoint. A root asset: seeded from the endpoint
     spec by the discovery sensor and re-materialized with a candidate's config by the promotion
     sensor (the loop's back edge). The spec's own config stays the campaign's original reference."""
-    from autoresearch_dagster.harness import record_promotion
+    from autoresearch_dagster.experiments.harness import record_promotion
     from autoresearch_dagster.spec import config_hash, validate_server_config
 
     name = context.partition_key
@@ -90,7 +90,7 @@ def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry
     """The endpoint's noise floor: repeated independent capacity searches of the working baseline
     on the replay pool (fresh deployment per run) → capacity CV and the bootstrap CI of the median,
     plus the baseline's load curve. Re-measured when the baseline, the pool or the engine changes."""
-    from autoresearch_dagster.harness import measure_noise
+    from autoresearch_dagster.experiments.harness import measure_noise
 
     name = context.partition_key
     spec = registry.load(name)
@@ -214,7 +214,7 @@ def experiment_results(context: dg.AssetExecutionContext, registry: EndpointRegi
     """This round's experiments: baseline vs each proposed candidate (up to the round's budget),
     interleaved fresh runs on the replay pool, a verdict (better | same | worse | invalid) with its
     evidence; rows go to the results lake. The correctness gate fails when a lossy candidate did."""
-    from autoresearch_dagster.harness import run_experiment
+    from autoresearch_dagster.experiments.harness import run_experiment
 
     name = context.partition_key
     spec = registry.load(name)
@@ -267,7 +267,7 @@ def experiment_results(context: dg.AssetExecutionContext, registry: EndpointRegi
 def promotion_decision(context: dg.AssetExecutionContext, store: ArtifactStore) -> dg.MaterializeResult:
     """Whether this round promotes a candidate and which: the confirmed "better" verdict with the
     highest CI lower bound. The promotion sensor turns a positive decision into a new baseline."""
-    from autoresearch_dagster.promotion import decide_promotion
+    from autoresearch_dagster.experiments.promotion import decide_promotion
 
     name = context.partition_key
     decision = decide_promotion(store.read_json(name, "experiment_results", "verdicts.json"))

@@ -21,7 +21,8 @@ def replay_pool(context: dg.AssetExecutionContext, registry: EndpointRegistry, s
     """Redacted replay pool built from the endpoint's production logs: one Parquet row per request
     (arrival offset, messages/tools as JSON, sampling, token counts, prefix block hashes, split).
     Bad records are quarantined with a reason; fidelity statistics go to fidelity.json."""
-    from autoresearch_dagster.pool import build_pool, read_pool
+    from autoresearch_dagster.pool.schema import read_pool
+    from autoresearch_dagster.pool.build import build_pool
 
     name = context.partition_key
     spec = registry.load(name)

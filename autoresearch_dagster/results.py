@@ -93,7 +93,7 @@ TABLES: dict[str, pa.Schema] = {
                         ("detail_json", _S), ("recorded_at", _TS)),
 }
 
-TABLE_OWNERS = {t: "autoresearch_dagster.harness" for t in TABLES} | {"findings": "autoresearch_dagster.diagnose"}
+TABLE_OWNERS = {t: "autoresearch_dagster.experiments.harness" for t in TABLES} | {"findings": "autoresearch_dagster.diagnose"}
 
 # Question views: analysts' common questions, defined over the table views. The interp columns use
 # a run's search capacity where it had no SLA crossing to interpolate, as verdicts do (RunRecord.value).

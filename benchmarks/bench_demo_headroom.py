@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoresearch_dagster.emulator.grid import DEFAULT_GRID, QUICK_GRID, GridSettings, ensure_pool, run_grid, write_grid
+from autoresearch_dagster.experiments.grid import DEFAULT_GRID, QUICK_GRID, GridSettings, ensure_pool, run_grid, write_grid
 from autoresearch_dagster.spec import load_endpoint
 
 REDUCED_GRID = {"prefill_decode_interval": (0, 4), "enable_mixed_chunk": (False, True), "quantization": (None, "fp8")}

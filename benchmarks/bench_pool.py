@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoresearch_dagster.pool import read_pool  # noqa: E402
-from autoresearch_dagster.pool_build import build_pool  # noqa: E402
+from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
+from autoresearch_dagster.pool.build import build_pool  # noqa: E402
 
 WORDS = ("the service should keep latency low while batch grows and each request waits in queue before "
          "scheduler admits it into next step of engine we measured throughput across several runs").split()
@@ -91,7 +91,7 @@ def timed_build(path: Path, out: Path, **kw) -> tuple[float, float, dict]:
 
 def peak_rss_mb(path: Path, out: Path) -> float:
     """Peak resident memory of a separate process building a pool from ``path`` (as it reports it)."""
-    code = ("import resource, sys; from autoresearch_dagster.pool_build import build_pool; "
+    code = ("import resource, sys; from autoresearch_dagster.pool.build import build_pool; "
             "build_pool([sys.argv[1]], 'bench', sys.argv[2], key=b'k', workers=1); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     res = subprocess.run([sys.executable, "-c", code, str(path), str(out)], check=True, capture_output=True,

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings  # noqa: E402
 from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets  # noqa: E402
-from autoresearch_dagster.pool import PoolRequest, read_pool, write_pool  # noqa: E402
+from autoresearch_dagster.pool.schema import PoolRequest, read_pool, write_pool  # noqa: E402
 
 SGLANG_PY = ROOT / ".venv-sglang" / "bin" / "python"
 CLIENT_CORE, SERVER_CORE = 0, 1

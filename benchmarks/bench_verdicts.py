@@ -40,13 +40,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autoresearch_dagster import stats  # noqa: E402
+from autoresearch_dagster.experiments import stats  # noqa: E402
 from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
-from autoresearch_dagster.harness import (INTERP_METRIC, HarnessSettings, RunRecord, execute_run,  # noqa: E402
+from autoresearch_dagster.experiments.harness import (INTERP_METRIC, HarnessSettings, RunRecord, execute_run,  # noqa: E402
                                           run_experiment)
-from autoresearch_dagster.measure import CapacitySettings  # noqa: E402
-from autoresearch_dagster.pool import build_pool, read_pool  # noqa: E402
+from autoresearch_dagster.measure.capacity import CapacitySettings  # noqa: E402
+from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
+from autoresearch_dagster.pool.build import build_pool
 from autoresearch_dagster.spec import Budget, load_endpoint  # noqa: E402
 
 CANDIDATE_CHANGE = {"stream_interval": 1}  # the knob's default: a change in name only

@@ -52,7 +52,7 @@ class MeasurementSettings(dg.ConfigurableResource):
                    quick_diagnosis=True, hold_e2e_multiple=10.0)
 
     def capacity(self) -> Any:
-        from autoresearch_dagster.measure import CapacitySettings
+        from autoresearch_dagster.measure.capacity import CapacitySettings
 
         return CapacitySettings(step_duration_s=self.step_duration_s, min_completed=self.min_completed,
                                 start_rps=self.start_rps, growth=self.growth, resolution=self.resolution,
@@ -60,7 +60,7 @@ class MeasurementSettings(dg.ConfigurableResource):
                                 hold_e2e_multiple=self.hold_e2e_multiple)
 
     def harness(self) -> Any:
-        from autoresearch_dagster.harness import HarnessSettings
+        from autoresearch_dagster.experiments.harness import HarnessSettings
 
         return HarnessSettings(capacity=self.capacity(), seed=self.seed)
 

@@ -1,5 +1,5 @@
 """The promotion rule: only a confirmed, valid, correctness-passing "better" is promoted."""
-from autoresearch_dagster.promotion import decide_promotion
+from autoresearch_dagster.experiments.promotion import decide_promotion
 
 
 def _v(cid, verdict, ci_low, **kw):

@@ -39,7 +39,7 @@ def add_measure_args(p: argparse.ArgumentParser) -> None:
 
 
 def capacity_settings(args: argparse.Namespace) -> Any:
-    from autoresearch_dagster.measure import CapacitySettings
+    from autoresearch_dagster.measure.capacity import CapacitySettings
 
     s = CapacitySettings(step_duration_s=20.0, min_completed=40, warmup_s=3.0, resolution=0.05) if args.quick \
         else CapacitySettings()
@@ -54,7 +54,7 @@ def capacity_settings(args: argparse.Namespace) -> Any:
 def log_fingerprint(logs: list[Path], fmt: str) -> dict[str, Any]:
     """What a pool built from ``logs`` depends on besides the redaction key: each file's path, size and
     mtime, the reader format and the pool schema version. Equal fingerprints => the same source records."""
-    from autoresearch_dagster.pool import SCHEMA_VERSION
+    from autoresearch_dagster.pool.schema import SCHEMA_VERSION
 
     files = []
     for p in logs:
@@ -71,8 +71,9 @@ def load_pool(endpoint: EndpointSpec, args: argparse.Namespace, pool_dir: Path) 
     the key set, the build is rebuilt (it is deterministic under the key, and a pool made under another
     key must not stand in for it). Only the logs' fingerprint is stored, never anything derived from a key.
     """
-    from autoresearch_dagster.pool import build_pool, read_pool
-    from autoresearch_dagster.redact import KEY_ENV
+    from autoresearch_dagster.pool.schema import read_pool
+    from autoresearch_dagster.pool.build import build_pool
+    from autoresearch_dagster.pool.redact import KEY_ENV
 
     if args.pool:
         if not Path(args.pool).exists():
@@ -111,7 +112,7 @@ def open_results(args: argparse.Namespace) -> Any:
 def open_campaign(endpoint: EndpointSpec, args: argparse.Namespace) -> tuple[Path, Any, Any, Any, Any]:
     """What noise and experiment runs share: (out dir, pool, engine, results lake, campaign)."""
     from autoresearch_dagster.engines import make_engine
-    from autoresearch_dagster.harness import start_campaign
+    from autoresearch_dagster.experiments.harness import start_campaign
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

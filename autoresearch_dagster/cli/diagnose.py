@@ -32,7 +32,8 @@ def register(subparsers: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from autoresearch_dagster.diagnose import diagnose, top_hypotheses_text
     from autoresearch_dagster.engines import make_engine
-    from autoresearch_dagster.pool import build_pool, read_pool
+    from autoresearch_dagster.pool.schema import read_pool
+    from autoresearch_dagster.pool.build import build_pool
 
     spec = load_endpoint(args.endpoint)
     out = Path(args.out)

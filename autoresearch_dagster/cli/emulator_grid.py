@@ -29,7 +29,7 @@ def register_grid(sub: Any) -> None:
 
 
 def _grid(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.emulator.grid import DEFAULT_GRID, QUICK_GRID, GridSettings, ensure_pool, run_grid, write_grid
+    from autoresearch_dagster.experiments.grid import DEFAULT_GRID, QUICK_GRID, GridSettings, ensure_pool, run_grid, write_grid
 
     if args.workers < 1:
         raise SpecError(f"--workers must be >= 1, got {args.workers}")

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle_run(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.harness import HarnessSettings, run_experiment
+    from autoresearch_dagster.experiments.harness import HarnessSettings, run_experiment
 
     endpoint = load_endpoint(args.endpoint)
     candidate = {**endpoint.server_config, **load_server_config(args.candidate)}

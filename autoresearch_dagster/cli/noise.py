@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.harness import HarnessSettings, measure_noise
+    from autoresearch_dagster.experiments.harness import HarnessSettings, measure_noise
     from autoresearch_dagster.spec import SpecError
 
     if args.runs < 5:

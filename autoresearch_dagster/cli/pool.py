@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from autoresearch_dagster.fidelity import format_brief, format_report
+from autoresearch_dagster.pool.fidelity import format_brief, format_report
 from autoresearch_dagster.spec import SpecError
 
 
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.pool_build import build_pool
+    from autoresearch_dagster.pool.build import build_pool
 
     if args.max_records is not None and args.max_records <= 0:
         raise SpecError("--max-records must be positive")

@@ -107,7 +107,7 @@ def _target(args: argparse.Namespace):
 
 
 def _pool(path: str):
-    from autoresearch_dagster.pool import read_pool
+    from autoresearch_dagster.pool.schema import read_pool
     try:
         pool = read_pool(path)
     except FileNotFoundError as e:
@@ -119,7 +119,7 @@ def _pool(path: str):
 
 def _capacity(args: argparse.Namespace) -> int:
     from autoresearch_dagster.loadgen import outputs
-    from autoresearch_dagster.measure import CapacitySettings, find_capacity
+    from autoresearch_dagster.measure.capacity import CapacitySettings, find_capacity
 
     pool = _pool(args.pool)
     out = Path(args.out)
@@ -151,7 +151,7 @@ def _capacity(args: argparse.Namespace) -> int:
 
 def _shape(args: argparse.Namespace) -> int:
     from autoresearch_dagster.loadgen import outputs
-    from autoresearch_dagster.measure import run_shape
+    from autoresearch_dagster.measure.capacity import run_shape
 
     pool = _pool(args.pool)
     out = Path(args.out)

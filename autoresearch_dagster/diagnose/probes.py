@@ -297,8 +297,8 @@ def run_probe(recipe: ProbeRecipe, pool: Any, deployment: Any, *, sla: SLA, mode
               resolved_config: dict | None = None, max_requests: int | None = None) -> ProbeResult:
     """Run every variant of a recipe through the runner and reduce it to the recipe's signal."""
     from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
-    from autoresearch_dagster.measure import summarize_step
-    from autoresearch_dagster.pool import read_pool, write_pool
+    from autoresearch_dagster.measure.capacity import summarize_step
+    from autoresearch_dagster.pool.schema import read_pool, write_pool
 
     base = list(pool.iter_requests("serving"))
     if not base:

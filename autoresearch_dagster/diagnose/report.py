@@ -27,8 +27,8 @@ from autoresearch_dagster.diagnose.metrics import EngineStats, analyze_timeserie
 from autoresearch_dagster.diagnose.probes import (ProbeResult, endpoint_traits, load_recipes, record_probe_use,
                                                   run_probe, useful_probes)
 from autoresearch_dagster.diagnose.profile import ProfileError, ProfileSummary, parse_profile
-from autoresearch_dagster.diagnose.workload import WorkloadStats, prefix_reuse, workload_stats
-from autoresearch_dagster.loadgen.outputs import json_finite
+from autoresearch_dagster.pool.workload import WorkloadStats, prefix_reuse, workload_stats
+from autoresearch_dagster.outputs.files import json_finite
 from autoresearch_dagster.spec import KNOBS, EndpointSpec, config_hash
 
 FP8_QUANT = {"fp8", "w8a8_fp8", "modelopt_fp8", "mxfp8"}
@@ -283,7 +283,7 @@ def build_findings(w: WorkloadStats, c: CurveAnalysis | None, m: EngineStats | N
 
 
 def _capacity_settings(quick: bool, workload: WorkloadStats) -> Any:
-    from autoresearch_dagster.measure import CapacitySettings
+    from autoresearch_dagster.measure.capacity import CapacitySettings
 
     cv = workload.interarrival_cv or 1.0
     # Replay the pool's own burstiness (gamma shape 1/CV²): bursts move the knee.
@@ -311,7 +311,7 @@ def _run_at(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests
 def _diagnostic_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
                      seed: int) -> tuple[Any, list[Any], list[dict]]:
     """One load step at the rate where the SLA broke; its engine time series (or bracketing scrapes)."""
-    from autoresearch_dagster.measure import summarize_step
+    from autoresearch_dagster.measure.capacity import summarize_step
 
     before = dep.metrics_text()
     outcome, sched = _run_at(dep, pool, endpoint, rate, n_requests, burstiness=burstiness, seed=seed + 7919,
@@ -373,7 +373,7 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
     ``capacity``: an existing ``CapacityResult`` (or its dict) to reuse instead of searching again.
     ``memory_path``: a JSONL file where probe usefulness is appended (and read to pick quick probes).
     """
-    from autoresearch_dagster.measure import find_capacity
+    from autoresearch_dagster.measure.capacity import find_capacity
 
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)

@@ -114,7 +114,7 @@ def _arrivals(n: int, rate: float, cv: float, rng: np.random.Generator) -> np.nd
 
 def synthetic_requests(s: Scenario, *, seed: int = 0) -> list[Any]:
     """The scenario's pool as PoolRequests (completions prompts: shared prefix text + unique text)."""
-    from autoresearch_dagster.pool import PoolRequest
+    from autoresearch_dagster.pool.schema import PoolRequest
 
     rng = np.random.default_rng(seed)
     pyrng = random.Random(seed)
@@ -143,7 +143,7 @@ def synthetic_requests(s: Scenario, *, seed: int = 0) -> list[Any]:
 
 
 def build_scenario_pool(s: Scenario, out_dir: Path, *, seed: int = 0) -> Any:
-    from autoresearch_dagster.pool import read_pool, write_pool
+    from autoresearch_dagster.pool.schema import read_pool, write_pool
 
     path = write_pool(synthetic_requests(s, seed=seed), Path(out_dir) / "pool",
                       {"block_tokens": BLOCK_TOKENS, "source_format": "synthetic", "scenario": s.name})

@@ -88,7 +88,7 @@ def predict(endpoint: Any, config: dict[str, Any], pool: Any, points: list[Curve
     """The emulator's LoadStep for each point's rate (noise off; the runner's schedule and summary)."""
     from autoresearch_dagster.engines.emulator import VirtualDeployment
     from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
-    from autoresearch_dagster.measure import summarize_step
+    from autoresearch_dagster.measure.capacity import summarize_step
 
     out = []
     for k, p in enumerate(points):

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from autoresearch_dagster.pool import PoolRequest
+from autoresearch_dagster.pool.schema import PoolRequest
 
 
 class MemoryPool:

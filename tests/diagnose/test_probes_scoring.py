@@ -8,8 +8,8 @@ import pytest
 from autoresearch_dagster.diagnose.hypotheses import BOTTLENECKS, SIGNALS, probe_signals, score
 from autoresearch_dagster.diagnose.probes import (load_recipes, record_probe_use, reduce_signal, transform,
                                                   useful_probes)
-from autoresearch_dagster.diagnose.workload import prefix_reuse
-from autoresearch_dagster.pool import PoolRequest
+from autoresearch_dagster.pool.workload import prefix_reuse
+from autoresearch_dagster.pool.schema import PoolRequest
 from autoresearch_dagster.spec import KNOBS, SpecError
 from autoresearch_dagster.tokens import block_hashes, count_tokens, render_prompt, synth_text
 

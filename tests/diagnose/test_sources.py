@@ -6,8 +6,8 @@ import pytest
 
 from autoresearch_dagster.diagnose.curve import analyze_curve
 from autoresearch_dagster.diagnose.metrics import MetricsError, analyze_timeseries, parse_prometheus, snapshot
-from autoresearch_dagster.diagnose.workload import burstiness, prefix_reuse, workload_stats
-from autoresearch_dagster.pool import PoolRequest
+from autoresearch_dagster.pool.workload import burstiness, prefix_reuse, workload_stats
+from autoresearch_dagster.pool.schema import PoolRequest
 from autoresearch_dagster.spec import SLA
 
 METRICS_TEXT = """\

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 
-from autoresearch_dagster.emulator.grid import GridSettings, grid_points, run_grid, write_grid
+from autoresearch_dagster.experiments.grid import GridSettings, grid_points, run_grid, write_grid
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.engines.emulator import EmulatorEngine
 from autoresearch_dagster.loadgen.records import ScheduledRequest
-from autoresearch_dagster.pool import write_pool
+from autoresearch_dagster.pool.schema import write_pool
 
 from .helpers import endpoint, pool
 

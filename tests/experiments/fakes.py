@@ -20,7 +20,7 @@ SMALL = ["--step-duration", "6", "--min-completed", "5", "--resolution", "0.01"]
 
 from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest, StepOutcome
-from autoresearch_dagster.pool import PoolRequest, read_pool, write_pool
+from autoresearch_dagster.pool.schema import PoolRequest, read_pool, write_pool
 
 
 def make_pool(tmp: Path, n: int = 60):

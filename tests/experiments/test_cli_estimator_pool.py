@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from autoresearch_dagster.cli import main
-from autoresearch_dagster.redact import KEY_ENV
+from autoresearch_dagster.pool.redact import KEY_ENV
 from autoresearch_dagster.results import ResultsLake
 
 from .fakes import SMALL

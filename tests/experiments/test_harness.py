@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from autoresearch_dagster import harness
-from autoresearch_dagster.harness import HarnessSettings, measure_noise, run_ablation, run_experiment, start_campaign
-from autoresearch_dagster.measure import CapacitySettings
+from autoresearch_dagster.experiments import harness
+from autoresearch_dagster.experiments.harness import HarnessSettings, measure_noise, run_ablation, run_experiment, start_campaign
+from autoresearch_dagster.measure.capacity import CapacitySettings
 from autoresearch_dagster.results import open_lake
 from autoresearch_dagster.spec import Budget, EndpointSpec
 

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from autoresearch_dagster.harness import HarnessSettings, measure_noise, start_campaign
-from autoresearch_dagster.measure import CapacitySettings
+from autoresearch_dagster.experiments.harness import HarnessSettings, measure_noise, start_campaign
+from autoresearch_dagster.measure.capacity import CapacitySettings
 from autoresearch_dagster.results import DB_NAME, SCHEMA_PARTITION, TABLES, ResultsLake, open_lake
 from autoresearch_dagster.spec import EndpointSpec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autoresearch_dagster import stats
+from autoresearch_dagster.experiments import stats
 
 
 def _sample(rng, mean, cv, n):

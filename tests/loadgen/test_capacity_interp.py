@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from autoresearch_dagster.loadgen.records import RequestRecord, StepOutcome
-from autoresearch_dagster.measure import CapacitySettings, find_capacity, interpolate_crossing
+from autoresearch_dagster.measure.capacity import CapacitySettings, find_capacity, interpolate_crossing
 from autoresearch_dagster.spec import SLA
 
 from .helpers import make_pool
@@ -109,7 +109,7 @@ def _outcome(window_s: float, e2e_s: float, n: int = 50) -> StepOutcome:
 
 
 def test_a_hold_shorter_than_ten_mean_latencies_is_flagged():
-    from autoresearch_dagster.measure import hold_warning
+    from autoresearch_dagster.measure.capacity import hold_warning
     warning = hold_warning(_outcome(60.0, 8.0))
     assert warning and "60 s" in warning and "8.0 s" in warning and "optimistic" in warning
     assert hold_warning(_outcome(120.0, 8.0)) is None

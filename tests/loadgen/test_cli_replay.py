@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from autoresearch_dagster.cli import main
-from autoresearch_dagster.pool import PoolRequest, write_pool
+from autoresearch_dagster.pool.schema import PoolRequest, write_pool
 
 from .helpers import ServerProcess
 

@@ -7,7 +7,7 @@ import pytest
 
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings, parse_prometheus
 from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
-from autoresearch_dagster.measure import summarize_step
+from autoresearch_dagster.measure.capacity import summarize_step
 from autoresearch_dagster.spec import SLA
 from .helpers import FaultServer, ServerProcess, make_pool
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from autoresearch_dagster.loadgen.records import RequestRecord, StepOutcome
-from autoresearch_dagster.measure import (CapacitySettings, find_capacity, grow_bisect, linear_ramp_steps,
+from autoresearch_dagster.measure.capacity import (CapacitySettings, find_capacity, grow_bisect, linear_ramp_steps,
                                           run_shape, summarize_step)
 from autoresearch_dagster.spec import SLA
 

@@ -78,7 +78,7 @@ def test_rebuild_keeps_tools_response_format_sampling_and_pins_output():
 
 
 def test_rebuild_through_the_real_pool_module(tmp_path):
-    from autoresearch_dagster.pool import PoolRequest, read_pool, write_pool
+    from autoresearch_dagster.pool.schema import PoolRequest, read_pool, write_pool
     rows = [PoolRequest(id=f"q{i}", arrival_s=float(i), conversation_id=None, turn=None, api="chat",
                         messages=[{"role": "user", "content": f"hello {i}"}], prompt=None,
                         tools=[{"type": "function", "function": {"name": "g"}}], tool_choice="required",

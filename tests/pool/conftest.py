@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch_dagster.pool_build import build_pool
+from autoresearch_dagster.pool.build import build_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "logs" / "demo_chat.jsonl"

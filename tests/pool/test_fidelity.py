@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from autoresearch_dagster.fidelity import FidelityThresholds, WorkloadStats, compare
+from autoresearch_dagster.pool.fidelity import FidelityThresholds, WorkloadStats, compare
 
 
 def _stats(arr, prompt, out, hashes, lat=None):
@@ -60,7 +60,7 @@ def test_thresholds_are_configurable():
 
 
 def test_bounded_memory_statistics_track_the_exact_ones():
-    from autoresearch_dagster.fidelity import PrefixCache, summarize
+    from autoresearch_dagster.pool.fidelity import PrefixCache, summarize
 
     arr, prompt, out, hashes, lat = _workload(n=20000)
     exact, small = WorkloadStats(), WorkloadStats(max_samples=2000)
@@ -82,7 +82,7 @@ def test_bounded_memory_statistics_track_the_exact_ones():
 
 
 def test_streaming_concurrency_matches_a_direct_sweep():
-    from autoresearch_dagster.fidelity import summarize
+    from autoresearch_dagster.pool.fidelity import summarize
 
     rng = np.random.default_rng(5)
     arr = np.cumsum(rng.exponential(0.2, 500))

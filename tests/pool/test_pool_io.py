@@ -1,8 +1,8 @@
 import json
 import pytest
 
-from autoresearch_dagster.pool import PoolRequest, read_pool, write_pool
-from autoresearch_dagster.pool_build import build_pool
+from autoresearch_dagster.pool.schema import PoolRequest, read_pool, write_pool
+from autoresearch_dagster.pool.build import build_pool
 
 from .conftest import ROOT, chat_line, write_lines
 

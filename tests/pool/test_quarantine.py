@@ -1,7 +1,7 @@
 import json
 
-from autoresearch_dagster.pool import read_pool
-from autoresearch_dagster.pool_build import build_pool
+from autoresearch_dagster.pool.schema import read_pool
+from autoresearch_dagster.pool.build import build_pool
 from .conftest import ROOT, chat_line, write_lines
 
 SECRET = "carol.secret@example.com"

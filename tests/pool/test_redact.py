@@ -5,8 +5,8 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from autoresearch_dagster.pool import read_pool
-from autoresearch_dagster.redact import Redactor, find_pii, iban_valid, luhn_valid
+from autoresearch_dagster.pool.schema import read_pool
+from autoresearch_dagster.pool.redact import Redactor, find_pii, iban_valid, luhn_valid
 from autoresearch_dagster.tokens import count_tokens
 
 from .conftest import DEMO, ROOT
@@ -150,7 +150,7 @@ def test_demo_pii_free_system_prompts_stay_byte_identical(demo_pool):
 
 
 def test_single_pass_count_and_hashes_equal_the_token_contract():
-    from autoresearch_dagster.pool_chat import count_and_hashes
+    from autoresearch_dagster.pool.chat import count_and_hashes
     from autoresearch_dagster.tokens import block_hashes
 
     for line in DEMO.read_text().splitlines()[:40]:

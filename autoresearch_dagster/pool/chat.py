@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 from autoresearch_dagster import tokens
 from autoresearch_dagster.logs import LogRecord, Rejected, parse_line
-from autoresearch_dagster.pool import request_to_row, split_for, PoolRequest
-from autoresearch_dagster.redact import Redactor
+from autoresearch_dagster.pool.schema import request_to_row, split_for, PoolRequest
+from autoresearch_dagster.pool.redact import Redactor
 from autoresearch_dagster.tokens import APPROX_NAME, block_hashes, get_counter, render_prompt
 
 CHAT_BLOCK_TOKENS = 64

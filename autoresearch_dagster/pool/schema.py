@@ -7,8 +7,7 @@ a bank of eight-token phrases that the file's metadata carries). Trace prompts a
 when a request is read: the leading blocks from the block table, then a per-request tail of
 synthesized text, so a long trace stays tens of MB on disk.
 
-Building a pool from logs (read, redact, synthesize, check fidelity) is ``build_pool``, defined
-in ``autoresearch_dagster.pool_build`` and re-exported here.
+Building a pool from logs (read, redact, synthesize, check fidelity) is ``pool.build.build_pool``.
 """
 from __future__ import annotations
 
@@ -487,12 +486,3 @@ def read_pool(path: str | Path) -> ReplayPool:
     raw = (pq.read_metadata(file).metadata or {}).get(META_KEY)
     meta = json.loads(raw) if raw else {}
     return ReplayPool(file, table, meta)
-
-
-def __getattr__(name: str) -> Any:
-    # build_pool/BuildResult live in pool_build (they import logs/, redact, fidelity); lazy to avoid cycles
-    if name in ("build_pool", "BuildResult"):
-        from autoresearch_dagster import pool_build
-
-        return getattr(pool_build, name)
-    raise AttributeError(name)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
-from autoresearch_dagster import stats
+from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.engines.base import Deployment, Engine, EngineError
 from autoresearch_dagster.spec import Budget, EndpointSpec, config_hash, is_lossy
 
@@ -261,7 +261,7 @@ def _warm_up(dep: Deployment, pool: Any, endpoint: EndpointSpec, *, n: int, seed
 def _reference_step(dep: Deployment, pool: Any, endpoint: EndpointSpec, *, rate: float, settings: Any,
                     seed: int) -> dict[str, Any]:
     from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
-    from autoresearch_dagster.measure import summarize_step
+    from autoresearch_dagster.measure.capacity import summarize_step
 
     duration = float(getattr(settings, "step_duration_s", 60.0))
     offsets = poisson_offsets(rate, duration, seed=seed)
@@ -274,7 +274,7 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
                 run_index: int, seed: int, purpose: str, settings: HarnessSettings, mode: str,
                 reference_rps: float | None = None, reference_fraction: float | None = None) -> RunRecord:
     """One fresh deployment measured once. Never raises for engine trouble: the run is recorded invalid."""
-    from autoresearch_dagster import measure
+    from autoresearch_dagster.measure import capacity as measure
 
     rec = RunRecord(run_id=f"r-{uuid.uuid4().hex[:12]}", arm=arm, run_index=run_index, seed=seed, purpose=purpose,
                     config=dict(config), config_hash=config_hash(config), valid=False, invalid_reasons=[],

@@ -98,7 +98,7 @@ _W: dict[str, Any] = {}
 
 
 def _init_worker(endpoint_json: str, pool_path: str) -> None:
-    from autoresearch_dagster.pool import read_pool
+    from autoresearch_dagster.pool.schema import read_pool
 
     _W["endpoint"] = EndpointSpec.model_validate_json(endpoint_json)
     _W["pool"] = read_pool(pool_path)
@@ -111,7 +111,7 @@ def _capacity(config: dict[str, Any], s: GridSettings) -> dict[str, Any]:
 def measure_point(endpoint: EndpointSpec, pool: Any, config: dict[str, Any], s: GridSettings) -> dict[str, Any]:
     """Capacity of one config on the virtual-time emulator (the runner's search, fixed seeds)."""
     from autoresearch_dagster.engines.emulator import EmulatorEngine
-    from autoresearch_dagster.measure import CapacitySettings, find_capacity
+    from autoresearch_dagster.measure.capacity import CapacitySettings, find_capacity
 
     t0 = time.perf_counter()
     dep = EmulatorEngine(endpoint).deploy(config, seed=s.seed)
@@ -134,7 +134,7 @@ def run_grid(endpoint: EndpointSpec, pool_path: str | Path, *, grid: dict[str, t
              settings: GridSettings | None = None,
              progress: Callable[[dict[str, Any], int, int], None] | None = None) -> GridResult:
     """Measure the endpoint's own config and every grid point; returns the ranked result."""
-    from autoresearch_dagster.pool import read_pool
+    from autoresearch_dagster.pool.schema import read_pool
 
     s = settings or GridSettings()
     grid = grid or DEFAULT_GRID
@@ -194,7 +194,8 @@ def write_grid(result: GridResult, out_dir: str | Path) -> Path:
 
 def ensure_pool(endpoint: EndpointSpec, out_dir: str | Path, pool: str | Path | None = None) -> Path:
     """The replay pool to search with: the given one, or one built from the endpoint's logs under out_dir/pool."""
-    from autoresearch_dagster.pool import build_pool, read_pool
+    from autoresearch_dagster.pool.schema import read_pool
+    from autoresearch_dagster.pool.build import build_pool
 
     if pool:
         return Path(read_pool(pool).path)

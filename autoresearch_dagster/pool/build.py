@@ -25,14 +25,14 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from autoresearch_dagster.fidelity import (FidelityThresholds, WorkloadStats, compare, ks_check, mix64_np,
+from autoresearch_dagster.pool.fidelity import (FidelityThresholds, WorkloadStats, compare, ks_check, mix64_np,
                                           token_change_check)
 from autoresearch_dagster.logs import (MOONCAKE_BLOCK_TOKENS, LogRecord, LogSource, Rejected, ReorderWindow, TraceChunk,
                                       open_log)
-from autoresearch_dagster.pool import (POOL_SCHEMA, SPLIT_TRAINING_PERCENT, PoolWriter, assemble_trace_text,
+from autoresearch_dagster.pool.schema import (POOL_SCHEMA, SPLIT_TRAINING_PERCENT, PoolWriter, assemble_trace_text,
                                        block_text_for, split_for)
-from autoresearch_dagster.pool_chat import CHAT_BLOCK_TOKENS, init_worker, process_chat_batch
-from autoresearch_dagster.redact import KEY_ENV
+from autoresearch_dagster.pool.chat import CHAT_BLOCK_TOKENS, init_worker, process_chat_batch
+from autoresearch_dagster.pool.redact import KEY_ENV
 from autoresearch_dagster.spec import SpecError
 from autoresearch_dagster.tokens import count_tokens, get_counter
 

@@ -1,0 +1,1 @@
+"""Owns experiments: campaigns, runs, the noise floor, baseline-vs-candidate verdicts, ablations, promotion."""

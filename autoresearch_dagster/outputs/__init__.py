@@ -1,0 +1,1 @@
+"""Owns the measurement outputs, one module per medium."""
