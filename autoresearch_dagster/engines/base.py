@@ -6,13 +6,54 @@ measure only). The harness, the capacity search and the CLI only talk to this pr
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, runtime_checkable
 
 from autoresearch_dagster.loadgen.records import ScheduledRequest, StepOutcome
 
+DRIFT_PREFIX = "config drift"
+VALUE_ALIASES = {"bf16": "bfloat16"}  # spellings SGLang resolves to one value (dtype / kv-cache dtype)
+
 
 class EngineError(RuntimeError):
     """A deployment could not start, became unhealthy, or drifted from the requested config."""
+
+
+class ConfigDriftError(EngineError):
+    """The server resolved a requested knob to another value. Deterministic: a redeploy drifts again."""
+
+    def __init__(self, drift: list[str]):
+        super().__init__("; ".join(drift))
+        self.drift = list(drift)
+
+
+def same_value(got: Any, want: Any) -> bool:
+    """A resolved knob value equals the requested one: equal, equal as text, an alias, or numerically close."""
+    if got == want or str(got) == str(want):
+        return True
+    if isinstance(want, str) and isinstance(got, str) and VALUE_ALIASES.get(want, want) == VALUE_ALIASES.get(got, got):
+        return True
+    numeric = (int, float)
+    return (isinstance(got, numeric) and isinstance(want, numeric) and not isinstance(got, bool)
+            and not isinstance(want, bool) and math.isclose(float(got), float(want), rel_tol=1e-9))
+
+
+def config_drift(requested: dict[str, Any], server_info: dict[str, Any]) -> list[str]:
+    """One ``config drift: ...`` message per knob the config set whose resolved value (``/server_info``,
+    flat or under ``server_args``) differs. An engine that reports no config at all (an external
+    endpoint) has nothing to verify."""
+    resolved = server_info.get("server_args", server_info) if isinstance(server_info, dict) else {}
+    if not resolved:
+        return []
+    out = []
+    for name, want in requested.items():
+        if want is None:
+            continue
+        if name not in resolved:
+            out.append(f"{DRIFT_PREFIX}: {name} not reported by the server (requested {want!r})")
+        elif not same_value(resolved[name], want):
+            out.append(f"{DRIFT_PREFIX}: {name} resolved to {resolved[name]!r}, requested {want!r}")
+    return out
 
 
 @runtime_checkable

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoresearch_dagster.engines.base import EngineError
-from autoresearch_dagster.engines.sglang import _http_get, config_drift, sglang_argv
+from autoresearch_dagster.engines.base import ConfigDriftError, EngineError, config_drift
+from autoresearch_dagster.engines.sglang import _http_get, sglang_argv
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
 from autoresearch_dagster.spec import EndpointSpec, validate_server_config
 
@@ -124,7 +124,7 @@ class ModalEngine:
             info = json.loads(body)
             drift = config_drift(validate_server_config(dict(config)), info)
             if drift:
-                raise EngineError("config drift: " + "; ".join(drift))
+                raise ConfigDriftError(drift)
             self._version = str(info.get("version") or "unknown")
             return ModalDeployment(base_url, sandbox, info, plan, model=self.opts.get("served_model_name"),
                                    api_key_env=self.api_key_env, workers=self.workers, settings=self.settings)

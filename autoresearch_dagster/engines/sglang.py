@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import math
 import os
 import shlex
 import signal
@@ -41,7 +40,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from autoresearch_dagster.engines.base import EngineError
+from autoresearch_dagster.engines.base import ConfigDriftError, EngineError, config_drift
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
 from autoresearch_dagster.spec import EndpointSpec, SpecError, config_hash, launch_flags, validate_server_config
 
@@ -159,30 +158,6 @@ def _http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return e.code, e.read()
     except (urllib.error.URLError, OSError, TimeoutError):
         return 0, b""
-
-
-def _same(got: Any, want: Any) -> bool:
-    if got == want or str(got) == str(want):
-        return True
-    aliases = {"bf16": "bfloat16"}
-    if isinstance(want, str) and isinstance(got, str) and aliases.get(want, want) == aliases.get(got, got):
-        return True
-    numeric = (int, float)
-    return (isinstance(got, numeric) and isinstance(want, numeric) and not isinstance(got, bool)
-            and not isinstance(want, bool) and math.isclose(float(got), float(want), rel_tol=1e-9))
-
-
-def config_drift(requested: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
-    """One message per knob the config set whose resolved value (``/server_info``) differs."""
-    out = []
-    for name, want in validate_server_config(requested).items():
-        if want is None:
-            continue
-        if name not in resolved:
-            out.append(f"{name}: requested {want!r}, not reported by /server_info")
-        elif not _same(resolved[name], want):
-            out.append(f"{name}: requested {want!r}, server resolved {resolved[name]!r}")
-    return out
 
 
 class ServerProcess:
@@ -327,7 +302,7 @@ class SGLangEngine:
             _write_json(run_dir / "server_info.json", info)
             drift = config_drift(config, info)
             if drift:
-                raise EngineError("config drift: " + "; ".join(drift))
+                raise ConfigDriftError(drift)
             self._version = str(info.get("version") or self._version or "unknown")
             dep = SGLangDeployment(base_url, proc, run_dir, info, model=self.model, api_key_env=self.api_key_env,
                                    workers=self.workers, settings=self.settings)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Literal, Protocol
 import numpy as np
 
 from autoresearch_dagster.experiments import stats
-from autoresearch_dagster.engines.base import Deployment, Engine, EngineError
+from autoresearch_dagster.engines.base import DRIFT_PREFIX, ConfigDriftError, Deployment, Engine, EngineError, config_drift
 from autoresearch_dagster.spec import Budget, EndpointSpec, config_hash, is_lossy
 
 Arm = Literal["baseline", "candidate"]
@@ -209,26 +209,6 @@ class RunRecord:
         return asdict(self)
 
 
-def config_drift(requested: dict[str, Any], server_info: dict[str, Any]) -> list[str]:
-    """Knobs the config set whose resolved value (from server_info) differs from the requested one."""
-    resolved = server_info.get("server_args", server_info) if isinstance(server_info, dict) else {}
-    if not resolved:
-        return []  # the engine reports no config at all (e.g. an external endpoint): nothing to verify
-    out = []
-    for name, want in requested.items():
-        if want is None:
-            continue
-        if name not in resolved:
-            out.append(f"config drift: {name} not reported by the server (requested {want!r})")
-            continue
-        got = resolved[name]
-        same = (got == want) or (isinstance(want, (int, float)) and isinstance(got, (int, float))
-                                 and not isinstance(want, bool) and math.isclose(float(got), float(want), rel_tol=1e-9))
-        if not same and str(got) != str(want):
-            out.append(f"config drift: {name} resolved to {got!r}, requested {want!r}")
-    return out
-
-
 def _server_version(info: dict[str, Any], engine: Any) -> str:
     for key in ("version", "engine_version", "sglang_version"):
         if info.get(key):
@@ -322,6 +302,8 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
                 rec.reference_step = _reference_step(dep, pool, endpoint, rate=reference_rps,
                                                      settings=settings.capacity, seed=seed + 7919)
             rec.timings["measure_s"] = time.monotonic() - t2
+    except ConfigDriftError as e:  # raised by engines that check drift while deploying: fatal, never retried
+        rec.invalid_reasons += e.drift
     except Exception as e:  # noqa: BLE001 -- any engine failure is a recorded invalid run, never a crash
         rec.invalid_reasons.append(f"crash: {type(e).__name__}: {e}"[:500])
     finally:
@@ -596,7 +578,7 @@ class _Experiment:
 
     def fatal(self) -> list[str]:
         """Reasons that make the whole experiment invalid (drift is deterministic; too many invalid runs)."""
-        out = sorted({x for r in self.res.runs for x in r.invalid_reasons if x.startswith("config drift")})
+        out = sorted({x for r in self.res.runs for x in r.invalid_reasons if x.startswith(DRIFT_PREFIX)})
         for arm in ("baseline", "candidate"):
             bad = [r for r in self.res.runs if r.arm == arm and not r.valid]
             if len(bad) > self.settings.max_invalid_per_arm:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch_dagster.engines.base import EngineError
-from autoresearch_dagster.engines.sglang import (SGLangEngine, config_drift, validate_configs_with_sglang_parser,
+from autoresearch_dagster.engines.base import ConfigDriftError, EngineError
+from autoresearch_dagster.engines.sglang import (SGLangEngine, validate_configs_with_sglang_parser,
                                                  validate_with_sglang_parser)
 from autoresearch_dagster.loadgen.records import ScheduledRequest
 from autoresearch_dagster.spec import EndpointSpec, SpecError
@@ -71,14 +71,6 @@ def test_launch_command_is_built_from_knobs(tmp_path):
         eng.launch_command({"schedule_policy": "priority"}, port=1)
 
 
-def test_config_drift_names_the_knob():
-    assert config_drift({"chunked_prefill_size": 4096, "kv_cache_dtype": "bf16"},
-                        {"chunked_prefill_size": 4096.0, "kv_cache_dtype": "bfloat16"}) == []
-    drift = config_drift({"max_running_requests": 64, "page_size": 16}, {"max_running_requests": 48})
-    assert len(drift) == 2 and drift[0].startswith("max_running_requests") and "48" in drift[0]
-    assert "page_size" in drift[1] and "not reported" in drift[1]
-
-
 def test_deploy_runs_a_real_server_process_and_close_kills_its_group(tmp_path):
     # like SGLang's scheduler and detokenizer processes, a child shares the server's process group
     with_child = ["sh", "-c", f'sleep 300 & exec "{sys.executable}" -m autoresearch_dagster.tinymodel "$@"', "sh"]
@@ -111,7 +103,7 @@ def test_deploy_runs_a_real_server_process_and_close_kills_its_group(tmp_path):
 
 def test_drift_refuses_the_deployment_and_stops_the_server(tmp_path):
     eng = SGLangEngine(_endpoint(tmp_path))
-    with pytest.raises(EngineError, match=r"config drift: enable_mixed_chunk: requested True, server resolved False"):
+    with pytest.raises(ConfigDriftError, match=r"config drift: enable_mixed_chunk resolved to False, requested True"):
         eng.deploy({"speculative_algorithm": "NGRAM", "enable_mixed_chunk": True})
     launch = json.loads(next((tmp_path / "runs").glob("*/launch.json")).read_text())
     assert "--enable-mixed-chunk" in launch["argv"]

@@ -356,3 +356,21 @@ def test_same_within_a_noise_inflated_margin_is_not_final_before_the_cap(endpoin
     assert stages == [("n=3", "same"), ("n=6", "same")]
     assert res.stages[0]["margin"] > 0.02 and res.runs_baseline == res.runs_candidate == 6
     assert res.verdict == "same"
+
+
+def test_drift_raised_by_the_engine_while_deploying_is_fatal_not_retried(endpoint, pool):
+    # the sglang and modal engines refuse a drifted deployment themselves (ConfigDriftError); a redeploy
+    # drifts again, so the experiment is invalid at once instead of retrying up to the invalid-run limit
+    from autoresearch_dagster.engines.base import ConfigDriftError
+
+    class DriftingEngine(FakeEngine):
+        def deploy(self, config, *, seed=0):
+            if config.get("chunked_prefill_size") == 2048:
+                raise ConfigDriftError(["config drift: chunked_prefill_size resolved to 4096, requested 2048"])
+            return super().deploy(config, seed=seed)
+
+    eng = DriftingEngine(cap_of({}))
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "fcfs", "chunked_prefill_size": 2048},
+                         pool, engine=eng, settings=settings())
+    assert res.verdict == "invalid" and len(res.runs) == 2
+    assert "config drift: chunked_prefill_size resolved to 4096, requested 2048" in res.invalid_reasons
