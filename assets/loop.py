@@ -7,9 +7,10 @@ from typing import Any
 import dagster as dg
 
 from assets.config import PROMOTED_FROM_TAG, BaselineConfig
-from assets.metadata import json_safe, png_markdown
+from assets.metadata import png_markdown
 from assets.partitions import EAGER, endpoints
-from assets.plots import load_curves_png, ratio_png
+from autoresearch_dagster.outputs.files import json_safe
+from autoresearch_dagster.outputs.plots import plot_load_curve, plot_ratios
 from resources import (
     ArtifactStore,
     EndpointRegistry,
@@ -24,15 +25,15 @@ POOL = dg.AssetKey("replay_pool")
 ENGINE = dg.AssetKey("engine_version")
 
 
-def _pool(store: ArtifactStore, name: str) -> Any:
+def _pool(lake: ResultsLakeResource, name: str) -> Any:
     from autoresearch_dagster.pool.schema import read_pool
 
-    return read_pool(store.dir(name, "replay_pool") / "replay_pool.parquet")
+    return read_pool(lake.lake().pool_dir(name))
 
 
 def _campaign(spec: Any, pool: Any, lake: Any) -> Any:
     """The campaign of (endpoint, pool, SLA): reused while they stay the same, recorded when new."""
-    from autoresearch_dagster.experiments.harness import start_campaign
+    from autoresearch_dagster.experiments.campaign import start_campaign
 
     return start_campaign(spec, pool, results=lake)
 
@@ -47,7 +48,7 @@ def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig
     """The working baseline server config of the endpoint. A root asset: seeded from the endpoint
     spec by the discovery sensor and re-materialized with a candidate's config by the promotion
     sensor (the loop's back edge). The spec's own config stays the campaign's original reference."""
-    from autoresearch_dagster.experiments.harness import record_promotion
+    from autoresearch_dagster.experiments.campaign import record_promotion
     from autoresearch_dagster.spec import config_hash, validate_server_config
 
     name = context.partition_key
@@ -57,7 +58,7 @@ def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig
     source_run = context.run.tags.get(PROMOTED_FROM_TAG)
     if source_run:
         results = lake.lake()
-        record_promotion(results, _campaign(spec, _pool(store, name), results), server_config,
+        record_promotion(results, _campaign(spec, _pool(lake, name), results), server_config,
                          experiment_id=config.experiment_id or None)
     record = {"endpoint": name, "candidate_id": config.candidate_id, "server_config": server_config,
               "config_hash": config_hash(server_config), "original_config": dict(spec.server_config),
@@ -90,21 +91,22 @@ def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry
     """The endpoint's noise floor: repeated independent capacity searches of the working baseline
     on the replay pool (fresh deployment per run) → capacity CV and the bootstrap CI of the median,
     plus the baseline's load curve. Re-measured when the baseline, the pool or the engine changes."""
-    from autoresearch_dagster.experiments.harness import measure_noise
+    from autoresearch_dagster.experiments.noise import measure_noise
 
     name = context.partition_key
     spec = registry.load(name)
     baseline = _baseline(store, name)
-    pool, results = _pool(store, name), lake.lake()
+    pool, results = _pool(lake, name), lake.lake()
     result = measure_noise(spec, baseline["server_config"], pool, engine=engines.make(spec),
                            runs=settings.noise_runs, results=results, settings=settings.harness(),
                            campaign=_campaign(spec, pool, results), progress=context.log.info)
     data = json_safe(result.to_dict())
     path = store.write_json(name, "noise_baseline", "noise.json", data)
     runs = data["run_details"]
-    plot = load_curves_png(runs, spec.sla, store.dir(name, "noise_baseline") / "load_curves.png",
-                           title=f"{name}: baseline load curves ({data['runs']} runs)",
-                           band=(data["ci_low"], data["ci_high"]))
+    plot = plot_load_curve([(r["steps"], r["capacity_rps"]) for r in runs],
+                           store.dir(name, "noise_baseline") / "load_curves.png", sla=spec.sla,
+                           band=(data["ci_low"], data["ci_high"]),
+                           title=f"{name}: baseline load curves ({data['runs']} runs)")
     md = (f"**{name}** baseline `{baseline['config_hash']}`: median capacity {data['median']:.3f} req/s "
           f"(CI {data['ci_low']:.3f}–{data['ci_high']:.3f}), CV {data['capacity_cv']:.2%} over {data['runs']} "
           f"runs, engine {data['engine']} {data['engine_version']}\n\n" + png_markdown(plot, "load curves"))
@@ -126,7 +128,7 @@ def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json", "markdown"}, automation_condition=EAGER,
           deps=[confirmed_baseline, noise_baseline, POOL, ENGINE])
 def diagnostic_report(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
-                      settings: MeasurementSettings, store: ArtifactStore,
+                      settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
                       memory: MemoryStore) -> dg.MaterializeResult:
     """Why the endpoint breaks where it does: findings from the workload, the baseline's load curve,
     engine metrics, the GPU profile and probes, each with evidence, and a ranked list of bottleneck
@@ -139,8 +141,8 @@ def diagnostic_report(context: dg.AssetExecutionContext, registry: EndpointRegis
     noise = store.read_json(name, "noise_baseline", "noise.json")
     curve = _median_run(noise["run_details"], noise["median"])  # reuse a measured curve, don't search again
     out_dir = store.dir(name, "diagnostic_report")
-    report = diagnose(spec, _pool(store, name), engine=engines.make(spec), config=baseline["server_config"],
-                      out_dir=out_dir, capacity=curve, quick=settings.quick_diagnosis,
+    report = diagnose(spec, _pool(lake, name), engine=engines.make(spec), config=baseline["server_config"],
+                      out_dir=out_dir, capacity=curve, measurement=settings.measurement_profile(),
                       probes=settings.diagnosis_probes,
                       memory_path=memory.dir() / "probes.jsonl", seed=settings.seed, progress=context.log.info)
     data = json_safe(report.to_json())
@@ -157,28 +159,24 @@ def diagnostic_report(context: dg.AssetExecutionContext, registry: EndpointRegis
     })
 
 
-def _tested(store: ArtifactStore, name: str, baseline_hash: str) -> set[str]:
-    path = store.dir(name, "experiment_results") / "history.json"
-    history = json.loads(path.read_text()) if path.exists() else []
-    return {h["candidate_hash"] for h in history if h.get("baseline_hash") == baseline_hash}
-
-
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"}, automation_condition=EAGER,
           deps=[diagnostic_report, confirmed_baseline, noise_baseline])
-def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry,
-              store: ArtifactStore) -> dg.MaterializeResult:
+def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry, settings: MeasurementSettings,
+              store: ArtifactStore, lake: ResultsLakeResource) -> dg.MaterializeResult:
     """Four-part proposals (explanation, intervention, numeric prediction, falsifier) for this
     round: the endpoint's candidate files, then the knobs of the report's top hypotheses. Configs
-    equal to the baseline or already tested against it are left out."""
+    equal to the baseline or already tested against it (the lake's experiments) are left out."""
     from autoresearch_dagster.agents.proposal import make_proposals
+    from autoresearch_dagster.experiments.experiment import already_tested
+    from autoresearch_dagster.experiments.stats import decision_margin
 
     name = context.partition_key
     baseline = _baseline(store, name)
     noise = store.read_json(name, "noise_baseline", "noise.json")
     report = store.read_json(name, "diagnostic_report", "report.json")
-    margin = max(0.02, float(noise["capacity_cv"]))
+    margin = decision_margin(float(noise["capacity_cv"]), settings.budget(), min_margin=settings.harness().min_margin)
     items = make_proposals(name, report, baseline["server_config"], registry.candidates(name), margin=margin,
-                           tested=_tested(store, name, baseline["config_hash"]))
+                           tested=already_tested(lake.lake(), name, baseline["config_hash"]))
     path = store.write_json(name, "proposals", "proposals.json", [p.model_dump() for p in items])
     rows = "\n".join(f"| {p.id} | {p.source} | `{json.dumps(p.intervention)}` | {p.prediction.value:.3f} | "
                      f"{p.explanation} | {p.falsifier} |" for p in items)
@@ -192,18 +190,6 @@ def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry,
     })
 
 
-def _append_history(store: ArtifactStore, name: str, rows: list[dict[str, Any]]) -> None:
-    path = store.dir(name, "experiment_results") / "history.json"
-    history = json.loads(path.read_text()) if path.exists() else []
-    store.write_json(name, "experiment_results", "history.json", history + rows)
-
-
-_SUMMARY_KEYS = ("experiment_id", "candidate_id", "verdict", "confirmed", "reason", "ratio_median", "ci_low",
-                 "ci_high", "margin", "noise_cv", "runs_baseline", "runs_candidate", "capacities_baseline",
-                 "capacities_candidate", "lossy", "correctness", "invalid_reasons", "candidate_config",
-                 "candidate_hash", "baseline_hash", "stages", "prediction", "falsifier")
-
-
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
           deps=[proposals, confirmed_baseline, noise_baseline, POOL],
           check_specs=[dg.AssetCheckSpec("correctness_gate", asset="experiment_results", blocking=True,
@@ -214,14 +200,14 @@ def experiment_results(context: dg.AssetExecutionContext, registry: EndpointRegi
     """This round's experiments: baseline vs each proposed candidate (up to the round's budget),
     interleaved fresh runs on the replay pool, a verdict (better | same | worse | invalid) with its
     evidence; rows go to the results lake. The correctness gate fails when a lossy candidate did."""
-    from autoresearch_dagster.experiments.harness import run_experiment
+    from autoresearch_dagster.experiments.experiment import run_experiment
 
     name = context.partition_key
     spec = registry.load(name)
     baseline = _baseline(store, name)
     noise = store.read_json(name, "noise_baseline", "noise.json")
     todo = store.read_json(name, "proposals", "proposals.json")[: settings.experiments_per_round]
-    pool, results = _pool(store, name), lake.lake()
+    pool, results = _pool(lake, name), lake.lake()
     campaign = _campaign(spec, pool, results)
     verdicts = []
     for proposal in todo:
@@ -230,22 +216,20 @@ def experiment_results(context: dg.AssetExecutionContext, registry: EndpointRegi
                                 engine=engines.make(spec), results=results, settings=settings.harness(),
                                 budget=settings.budget(), noise_cv=float(noise["capacity_cv"]),
                                 campaign=campaign, progress=context.log.info)
-        full = {**json_safe(result.to_dict()), "candidate_id": proposal["id"],
-                "prediction": proposal["prediction"], "falsifier": proposal["falsifier"]}
-        store.write_json(name, "experiment_results", f"experiments/{result.experiment_id}.json", full)
-        verdicts.append({k: full.get(k) for k in _SUMMARY_KEYS})
+        proposed = {"candidate_id": proposal["id"], "prediction": proposal["prediction"],
+                    "falsifier": proposal["falsifier"]}
+        store.write_json(name, "experiment_results", f"experiments/{result.experiment_id}.json",
+                         {**json_safe(result.to_dict()), **proposed})
+        verdicts.append({**json_safe(result.summary()), **proposed})
     path = store.write_json(name, "experiment_results", "verdicts.json", verdicts)
-    _append_history(store, name, [{"candidate_hash": v["candidate_hash"], "baseline_hash": baseline["config_hash"],
-                                   "candidate_id": v["candidate_id"], "experiment_id": v["experiment_id"],
-                                   "verdict": v["verdict"], "run_id": context.run.run_id} for v in verdicts])
     metadata: dict[str, Any] = {
         "dagster/row_count": len(verdicts),
-        "verdicts": dg.MetadataValue.json([{k: v[k] for k in _SUMMARY_KEYS if k != "stages"} for v in verdicts]),
+        "verdicts": dg.MetadataValue.json([{k: x for k, x in v.items() if k != "stages"} for v in verdicts]),
         "path": dg.MetadataValue.path(str(path)),
     }
     if verdicts:
-        plot = ratio_png(verdicts, store.dir(name, "experiment_results") / "ratios.png",
-                         title=f"{name}: candidate vs baseline capacity")
+        plot = plot_ratios(verdicts, store.dir(name, "experiment_results") / "ratios.png",
+                           title=f"{name}: candidate vs baseline capacity")
         metadata["ratio"] = float(verdicts[0]["ratio_median"] or 0.0)
         metadata["plot"] = dg.MetadataValue.md(png_markdown(plot, "capacity ratios"))
     yield dg.MaterializeResult(metadata=metadata)

@@ -17,8 +17,8 @@ the views rebuilt when the lake is opened. Directories starting with ``_`` or ``
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -29,6 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from autoresearch_dagster.outputs.files import atomic_write
 from autoresearch_dagster.spec import SpecError
 
 SCHEMA_PARTITION = "_schema"
@@ -38,6 +39,11 @@ POOLS_DIR = "_pools"  # replay pools the CLI built from logs; directories starti
 _S, _F, _I, _B = pa.string(), pa.float64(), pa.int64(), pa.bool_()
 _TS = pa.timestamp("us", tz="UTC")
 _LS, _LF = pa.list_(pa.string()), pa.list_(pa.float64())
+
+
+def utc_now() -> dt.datetime:
+    """The timestamp every lake row records (timezone-aware UTC, as the ``_TS`` columns store)."""
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def _schema(*cols: tuple[str, pa.DataType]) -> pa.Schema:
@@ -93,7 +99,11 @@ TABLES: dict[str, pa.Schema] = {
                         ("detail_json", _S), ("recorded_at", _TS)),
 }
 
-TABLE_OWNERS = {t: "autoresearch_dagster.experiments.harness" for t in TABLES} | {"findings": "autoresearch_dagster.diagnose"}
+TABLE_OWNERS = ({t: "autoresearch_dagster.experiments.runs" for t in ("runs", "load_steps", "requests_summary")}
+                | {t: "autoresearch_dagster.experiments.campaign"
+                   for t in ("endpoints", "configs", "campaigns", "baselines")}
+                | {t: "autoresearch_dagster.experiments.experiment" for t in ("experiments", "verdicts")}
+                | {"noise": "autoresearch_dagster.experiments.noise", "findings": "autoresearch_dagster.diagnose"})
 
 # Question views: analysts' common questions, defined over the table views. The interp columns use
 # a run's search capacity where it had no SLA crossing to interpolate, as verdicts do (RunRecord.value).
@@ -186,7 +196,7 @@ class ResultsLake:
             # question views using the column) type it; older data files read it as NULL (union_by_name)
             if not target.exists() or not pq.read_schema(target).equals(schema, check_metadata=False):
                 part.mkdir(parents=True, exist_ok=True)
-                _atomic_write(schema.empty_table(), target)
+                atomic_write(target, lambda tmp: pq.write_table(schema.empty_table(), tmp))
                 changed = True
         return changed
 
@@ -205,10 +215,15 @@ class ResultsLake:
         part = self.table_dir(table) / f"endpoint={endpoint}"
         part.mkdir(parents=True, exist_ok=True)
         target = part / f"part-{uuid.uuid4().hex}.parquet"
-        _atomic_write(arrow, target)
+        atomic_write(target, lambda tmp: pq.write_table(arrow, tmp))
         if new_table:
             self.refresh_views()  # a table outside the declared schema gets its view on first write
         return target
+
+    def append_rows(self, rows: dict[str, list[dict]], *, endpoint: str) -> None:
+        """Append a typed result's rows (table -> rows, as its ``lake_rows`` gives them), one file per table."""
+        for table, table_rows in rows.items():
+            self.append(table, table_rows, endpoint=endpoint)
 
     def view_sql(self) -> list[str]:
         found = {p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))} \
@@ -225,18 +240,18 @@ class ResultsLake:
     def refresh_views(self) -> None:
         """Rebuild the view database in a temp file and rename it over the old one (no reader is blocked)."""
         self._write_schema_files()
-        tmp = self.root / f".{DB_NAME}.{uuid.uuid4().hex}.tmp"
-        con = duckdb.connect(str(tmp))
-        try:
-            for stmt in self.view_sql():
-                con.execute(stmt)
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-        os.replace(tmp, self.duckdb_path())
-        wal = Path(str(tmp) + ".wal")
-        if wal.exists():
-            wal.unlink()
+
+        def build(tmp: Path) -> None:
+            con = duckdb.connect(str(tmp))
+            try:
+                for stmt in self.view_sql():
+                    con.execute(stmt)
+                con.execute("CHECKPOINT")
+            finally:
+                con.close()
+            Path(f"{tmp}.wal").unlink(missing_ok=True)
+
+        atomic_write(self.duckdb_path(), build)
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """A read-only connection to the view database (retries briefly while a rename is in flight)."""
@@ -286,12 +301,6 @@ def _to_arrow(rows: list[dict], schema: pa.Schema | None) -> pa.Table:
     fields = declared + [pa.field(k, pa.Table.from_pylist([{k: r.get(k)} for r in rows]).schema.field(k).type)
                          for k in extra]
     return pa.Table.from_pylist(rows, schema=pa.schema(fields))
-
-
-def _atomic_write(table: pa.Table, target: Path) -> None:
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, target)
 
 
 def open_lake(root: str | Path) -> ResultsLake:

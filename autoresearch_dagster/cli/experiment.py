@@ -5,15 +5,9 @@ import argparse
 import json
 from pathlib import Path
 
-from autoresearch_dagster.cli._experiments_common import (add_measure_args, capacity_settings, open_campaign,
-                                                           write_json)
+from autoresearch_dagster.cli._experiments_common import add_measure_args, capacity_settings, open_campaign
+from autoresearch_dagster.outputs.files import write_json
 from autoresearch_dagster.spec import Budget, SpecError, load_endpoint, load_server_config
-
-VERDICT_KEYS = ("verdict", "confirmed", "reason", "ratio_median", "ci_low", "ci_high", "confidence", "margin",
-                "noise_cv", "noise_source", "runs_baseline", "runs_candidate", "capacities_baseline",
-                "capacities_candidate", "lossy", "correctness", "invalid_reasons", "metric", "mode", "experiment_id",
-                "endpoint", "campaign_id", "baseline_config", "candidate_config", "baseline_hash", "candidate_hash",
-                "stages", "run_order", "estimator")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle_run(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.experiments.harness import HarnessSettings, run_experiment
+    from autoresearch_dagster.experiments.experiment import run_experiment
+    from autoresearch_dagster.experiments.runs import HarnessSettings
 
     endpoint = load_endpoint(args.endpoint)
     candidate = {**endpoint.server_config, **load_server_config(args.candidate)}
@@ -59,9 +54,9 @@ def handle_run(args: argparse.Namespace) -> int:
                                seed=args.seed, estimator=args.estimator)
     res = run_experiment(endpoint, endpoint.server_config, candidate, pool, engine=engine, results=results,
                          settings=settings, budget=budget, noise_cv=noise_cv, campaign=campaign, progress=print)
-    full = {**res.to_dict(), "estimator": args.estimator}  # `metric` names the RunRecord field it selected
+    full = res.to_dict()
     write_json(out / "experiment.json", full)
-    write_json(out / "verdict.json", {k: full[k] for k in VERDICT_KEYS})
+    write_json(out / "verdict.json", res.summary())
     print(render(full))
     print(f"wrote {out / 'verdict.json'} and {out / 'experiment.json'}"
           + (f"; runs recorded in {results.root}" if results is not None else ""))

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from autoresearch_dagster.cli._experiments_common import (add_measure_args, capacity_settings, open_campaign,
-                                                           write_json)
+from autoresearch_dagster.cli._experiments_common import add_measure_args, capacity_settings, open_campaign
+from autoresearch_dagster.outputs.files import write_json
 from autoresearch_dagster.spec import load_endpoint
 
 
@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.experiments.harness import HarnessSettings, measure_noise
+    from autoresearch_dagster.experiments.noise import measure_noise
+    from autoresearch_dagster.experiments.runs import HarnessSettings
     from autoresearch_dagster.spec import SpecError
 
     if args.runs < 5:

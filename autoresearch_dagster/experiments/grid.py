@@ -5,39 +5,46 @@ hardware, SLA, replay pool) it measures the capacity of the endpoint's own serve
 "default") and of every combination in ``DEFAULT_GRID`` with the runner's ``find_capacity`` on the
 virtual-time emulator, all with the same seeds (common random numbers), on worker processes.
 
-The grid (values taken from ``spec.KNOBS[...].search_values``) covers the levers SGLang users
-tune first: the prefill-decode interval, mixed chunks, the chunk size, the cache-aware policy,
-fp8 weights and fp8 KV. ``QUICK_GRID`` is the subset the benchmark and tests run.
+The grid covers the levers SGLang users tune first: the prefill-decode interval, mixed chunks,
+the chunk size, the cache-aware policy, fp8 weights and fp8 KV, each at the values the search
+space tries (``spec.KNOBS[...].search_values``), so the grid is the ground truth of the space the
+proposers search. ``QUICK_GRID`` is the subset the benchmark runs: no chunk size, and each knob
+at its first and its middle search value (the default end and a moderate setting, not the extreme).
 """
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import tempfile
+import math
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from autoresearch_dagster.spec import KNOBS, EndpointSpec, SpecError, is_lossy, validate_server_config
+from autoresearch_dagster.outputs.files import write_json
+from autoresearch_dagster.spec import KNOBS, EndpointSpec, SpecError, is_lossy, knob, validate_server_config
 
-DEFAULT_GRID: dict[str, tuple] = {
-    "prefill_decode_interval": (0, 2, 4, 8),
-    "enable_mixed_chunk": (False, True),
-    "chunked_prefill_size": (4096, 8192, 16384),
-    "schedule_policy": ("fcfs", "lpm"),
-    "quantization": (None, "fp8"),
-    "kv_cache_dtype": ("auto", "fp8_e4m3"),
-}
-QUICK_GRID: dict[str, tuple] = {
-    "prefill_decode_interval": (0, 4),
-    "enable_mixed_chunk": (False, True),
-    "schedule_policy": ("fcfs", "lpm"),
-    "quantization": (None, "fp8"),
-    "kv_cache_dtype": ("auto", "fp8_e4m3"),
-}
+
+def knob_grid(names: Iterable[str], *, quick: bool = False) -> dict[str, tuple]:
+    """Each knob's search values from ``spec.KNOBS``; ``quick``: only the first and the middle one."""
+    grid: dict[str, tuple] = {}
+    for name in names:
+        values = knob(name).search_values
+        if not values:
+            raise SpecError(f"grid knob {name!r} has no search values in spec.KNOBS")
+        grid[name] = (values[0], values[len(values) // 2]) if quick and len(values) > 2 else values
+    return grid
+
+
+DEFAULT_GRID = knob_grid(("prefill_decode_interval", "enable_mixed_chunk", "chunked_prefill_size", "schedule_policy",
+                          "quantization", "kv_cache_dtype"))
+QUICK_GRID = knob_grid(("prefill_decode_interval", "enable_mixed_chunk", "schedule_policy", "quantization",
+                        "kv_cache_dtype"), quick=True)
+
+
+def grid_size(grid: dict[str, tuple]) -> int:
+    return math.prod(len(v) for v in grid.values())
 
 
 @dataclass
@@ -111,7 +118,8 @@ def _capacity(config: dict[str, Any], s: GridSettings) -> dict[str, Any]:
 def measure_point(endpoint: EndpointSpec, pool: Any, config: dict[str, Any], s: GridSettings) -> dict[str, Any]:
     """Capacity of one config on the virtual-time emulator (the runner's search, fixed seeds)."""
     from autoresearch_dagster.engines.emulator import EmulatorEngine
-    from autoresearch_dagster.measure.capacity import CapacitySettings, find_capacity
+    from autoresearch_dagster.measure.capacity import find_capacity
+    from autoresearch_dagster.measure.profiles import CapacitySettings
 
     t0 = time.perf_counter()
     dep = EmulatorEngine(endpoint).deploy(config, seed=s.seed)
@@ -182,14 +190,7 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
 
 def write_grid(result: GridResult, out_dir: str | Path) -> Path:
     """Write ``out_dir/grid.json`` atomically."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".grid-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(result.to_dict(), f, indent=1, default=str)
-    path = out / "grid.json"
-    os.replace(tmp, path)
-    return path
+    return write_json(Path(out_dir) / "grid.json", result.to_dict())
 
 
 def ensure_pool(endpoint: EndpointSpec, out_dir: str | Path, pool: str | Path | None = None) -> Path:

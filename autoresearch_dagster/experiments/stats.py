@@ -1,4 +1,4 @@
-"""Owns the statistics of experiments: the noise floor of repeated runs and the A/B verdict rules.
+"""Owns the statistics of experiments: the noise floor of repeated runs, the A/B verdict rules and the run schedule.
 
 Pure functions over run-level numbers (one capacity per independent run); no I/O.
 
@@ -31,6 +31,8 @@ from typing import Literal, Sequence
 import numpy as np
 from scipy import stats as sps
 
+from autoresearch_dagster.spec import Budget
+
 VerdictName = Literal["better", "same", "worse", "undecided"]
 
 CONFIDENCE = 0.95  # reported intervals (the noise floor's CI of the median)
@@ -38,7 +40,6 @@ DECISION_CONFIDENCE = 0.90  # the verdict interval: one-sided 95% bounds (see th
 N_RESAMPLES = 10_000
 MIN_MARGIN = 0.02
 AA_DRAWS = 20_000
-RUN_SCHEDULE = (5, 10, 20)  # runs per arm at each stage; undecided at a stage -> the next one
 
 
 @dataclass
@@ -163,6 +164,11 @@ def spread(values: Sequence[float]) -> dict[str, float]:
             "min": float(arr.min()), "max": float(arr.max())}
 
 
+def verdict_margin(noise_cv: float, n_baseline: int, n_candidate: int, *, min_margin: float = MIN_MARGIN) -> float:
+    """The practical margin of a verdict: max(min_margin, the A/A noise floor at these run counts)."""
+    return max(float(min_margin), aa_noise_floor(noise_cv, n_baseline, n_candidate))
+
+
 def _p_value(a: np.ndarray, b: np.ndarray) -> float | None:
     if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0 and a[0] == b[0]):
         return None
@@ -192,7 +198,7 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
     if not (noise_cv >= 0 and math.isfinite(noise_cv)):
         raise ValueError(f"verdict: noise_cv must be a finite number >= 0, got {noise_cv}")
     floor = aa_noise_floor(float(noise_cv), len(a), len(b))
-    margin = max(float(min_margin), floor)
+    margin = verdict_margin(float(noise_cv), len(a), len(b), min_margin=min_margin)
     ratio = float(np.median(b) / np.median(a))
     lo, hi, method = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=confidence,
                                    n_resamples=n_resamples)
@@ -211,12 +217,32 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
                    baseline=a.tolist(), candidate=b.tolist())
 
 
-def next_stage(runs_per_arm: int, schedule: Sequence[int] = RUN_SCHEDULE) -> int | None:
+def run_schedule(budget: Budget | None = None) -> tuple[int, ...]:
+    """Runs per arm at each stage: initial, doubling, capped (5 -> 10 -> 20 by default); an undecided
+    verdict at one stage moves to the next."""
+    b = budget or Budget()
+    if b.initial_runs_per_arm < 2 or b.max_runs_per_arm < b.initial_runs_per_arm:
+        raise ValueError(f"budget: need 2 <= initial_runs_per_arm <= max_runs_per_arm, got "
+                         f"{b.initial_runs_per_arm}, {b.max_runs_per_arm}")
+    out = [b.initial_runs_per_arm]
+    while out[-1] < b.max_runs_per_arm:
+        out.append(min(out[-1] * 2, b.max_runs_per_arm))
+    return tuple(out)
+
+
+def next_stage(runs_per_arm: int, schedule: Sequence[int] | None = None) -> int | None:
     """Runs per arm for the next stage after an undecided verdict at ``runs_per_arm``; None at the cap."""
-    for n in schedule:
+    for n in schedule or run_schedule():
         if n > runs_per_arm:
             return n
     return None
+
+
+def decision_margin(noise_cv: float, budget: Budget | None = None, *, min_margin: float = MIN_MARGIN) -> float:
+    """The smallest ratio change an experiment under ``budget`` can call better or worse: the verdict
+    margin at the run schedule's cap (earlier stages decide only beyond a wider margin)."""
+    n = run_schedule(budget)[-1]
+    return verdict_margin(noise_cv, n, n, min_margin=min_margin)
 
 
 def stop_undecided(v: Verdict, why: str) -> Verdict:

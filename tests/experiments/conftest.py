@@ -6,7 +6,7 @@ import yaml
 
 import autoresearch_dagster.engines as engines
 
-from .fakes import FakeEngine, make_pool
+from .helpers import FakeEngine, make_pool
 
 
 @pytest.fixture

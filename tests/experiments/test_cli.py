@@ -7,7 +7,7 @@ import yaml
 
 from autoresearch_dagster.cli import main
 
-from .fakes import SMALL
+from .helpers import SMALL
 
 
 def test_experiment_run_prints_and_writes_the_verdict(files, fake_engine, capsys):
@@ -77,7 +77,7 @@ def test_capacity_flags_reach_the_capacity_settings():
     import argparse
 
     from autoresearch_dagster.cli._experiments_common import capacity_settings
-    args = argparse.Namespace(quick=False, step_duration=90.0, min_completed=None, resolution=None, start_rps=None,
+    args = argparse.Namespace(measure="standard", step_duration=90.0, min_completed=None, resolution=None, start_rps=None,
                               hold_e2e_multiple=10.0)
     s = capacity_settings(args)
     assert s.step_duration_s == 90.0 and s.hold_e2e_multiple == 10.0 and s.min_completed == 100

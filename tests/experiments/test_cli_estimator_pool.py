@@ -12,7 +12,7 @@ from autoresearch_dagster.cli import main
 from autoresearch_dagster.pool.redact import KEY_ENV
 from autoresearch_dagster.results import ResultsLake
 
-from .fakes import SMALL
+from .helpers import SMALL
 
 DEMO_LOG = Path(__file__).resolve().parents[2] / "examples" / "logs" / "demo_chat.jsonl"
 

@@ -8,12 +8,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from autoresearch_dagster.experiments.harness import HarnessSettings, measure_noise, start_campaign
-from autoresearch_dagster.measure.capacity import CapacitySettings
+from autoresearch_dagster.experiments.campaign import start_campaign
+from autoresearch_dagster.experiments.noise import measure_noise
+from autoresearch_dagster.experiments.runs import HarnessSettings
+from autoresearch_dagster.measure.profiles import CapacitySettings
 from autoresearch_dagster.results import DB_NAME, SCHEMA_PARTITION, TABLES, ResultsLake, open_lake
 from autoresearch_dagster.spec import EndpointSpec
 
-from .fakes import FakeEngine, make_pool
+from .helpers import FakeEngine, make_pool
 
 FAST = CapacitySettings(step_duration_s=6, min_completed=5, warmup_s=0, resolution=0.01, start_rps=1.0)
 

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from autoresearch_dagster.experiments import stats
+from autoresearch_dagster.spec import Budget
 
 
 def _sample(rng, mean, cv, n):
@@ -101,3 +102,24 @@ def test_aa_noise_floor_shrinks_with_runs_and_grows_with_cv():
 def test_spread_of_latency_quantiles():
     s = stats.spread([100.0, 110.0, 90.0, 105.0, 95.0])
     assert s["median"] == 100.0 and 0.05 < s["cv"] < 0.1 and s["rel_range"] == pytest.approx(0.2)
+
+
+def test_one_run_schedule_derived_from_the_budget():
+    assert stats.run_schedule() == (5, 10, 20)  # the default Budget
+    custom = stats.run_schedule(Budget(initial_runs_per_arm=3, max_runs_per_arm=10))
+    assert custom == (3, 6, 10) and stats.next_stage(6, custom) == 10 and stats.next_stage(10, custom) is None
+    with pytest.raises(ValueError, match="initial_runs_per_arm"):
+        stats.run_schedule(Budget(initial_runs_per_arm=1))
+
+
+def test_the_proposal_margin_is_the_verdict_margin_at_the_run_cap():
+    # the rule in dispute: the loop derived max(2%, capacity CV) itself; a verdict at the cap uses
+    # max(min_margin, A/A floor at the cap's run counts), which is what a proposal must beat
+    rng = np.random.default_rng(5)
+    base, cand = _sample(rng, 10, 0.05, 20), _sample(rng, 10.5, 0.05, 20)
+    at_cap = stats.verdict(base, cand, noise_cv=0.05).margin
+    assert stats.decision_margin(0.05) == pytest.approx(at_cap)
+    assert stats.decision_margin(0.05) != pytest.approx(max(0.02, 0.05))
+    small = Budget(initial_runs_per_arm=2, max_runs_per_arm=2)
+    assert stats.decision_margin(0.05, small) > stats.decision_margin(0.05)  # fewer runs, wider margin
+    assert stats.decision_margin(0.0, min_margin=0.03) == 0.03

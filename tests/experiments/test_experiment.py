@@ -1,17 +1,22 @@
-"""The harness end to end over fake engines with known true capacities, and RUNNER's real capacity search."""
+"""The experiments package end to end over fake engines with known true capacities, and RUNNER's real capacity search."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from autoresearch_dagster.experiments import harness
-from autoresearch_dagster.experiments.harness import HarnessSettings, measure_noise, run_ablation, run_experiment, start_campaign
-from autoresearch_dagster.measure.capacity import CapacitySettings
+from autoresearch_dagster.engines.base import EngineError
+from autoresearch_dagster.experiments import experiment
+from autoresearch_dagster.experiments.ablation import run_ablation
+from autoresearch_dagster.experiments.campaign import start_campaign
+from autoresearch_dagster.experiments.experiment import run_experiment
+from autoresearch_dagster.experiments.noise import measure_noise
+from autoresearch_dagster.experiments.runs import HarnessSettings, RunRecord
+from autoresearch_dagster.measure.profiles import CapacitySettings
 from autoresearch_dagster.results import open_lake
 from autoresearch_dagster.spec import Budget, EndpointSpec
 
-from .fakes import Faults, FakeEngine, make_pool
+from .helpers import Faults, FakeEngine, make_pool
 
 BASE = 10.0
 FAST = CapacitySettings(step_duration_s=6, min_completed=5, warmup_s=0, resolution=0.01, start_rps=1.0)
@@ -94,7 +99,7 @@ def test_undecided_adds_runs_then_stops_at_the_cap_as_same(endpoint, pool):
 
 def test_wall_budget_stop_is_same_with_the_reason(endpoint, pool, monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr(harness.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(experiment.time, "monotonic", lambda: clock[0])
     eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.02}), noise_cv=0.06)
     deploy = eng.deploy
 
@@ -216,7 +221,7 @@ def test_ablation_says_which_change_carries_the_gain(endpoint, pool):
 def test_external_engine_is_refused_for_experiments(endpoint, pool):
     eng = FakeEngine(cap_of({}))
     eng.restartable = False
-    with pytest.raises(harness.EngineError, match="baselines only"):
+    with pytest.raises(EngineError, match="baselines only"):
         run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng)
 
 
@@ -300,7 +305,7 @@ def _scripted(values: dict[tuple[str, str], list[float]]):
 
     def source(arm, config, *, purpose, mode, run_index, seed):
         cap = queues[(arm, purpose)].pop(0)
-        return harness.RunRecord(run_id=f"r{run_index}", arm=arm, run_index=run_index, seed=seed, purpose=purpose,
+        return RunRecord(run_id=f"r{run_index}", arm=arm, run_index=run_index, seed=seed, purpose=purpose,
                                  config=dict(config), config_hash="h", valid=True, invalid_reasons=[],
                                  capacity_rps=cap, capacity_interp_rps=cap)
     return source
