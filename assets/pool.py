@@ -5,9 +5,10 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.metadata import json_safe, parquet_schema
+from assets.metadata import parquet_schema
 from assets.partitions import endpoints
-from resources import ArtifactStore, EndpointRegistry, PoolSettings
+from autoresearch_dagster.outputs.files import json_safe
+from resources import EndpointRegistry, PoolSettings, ResultsLakeResource
 
 
 @dg.asset(
@@ -16,32 +17,31 @@ from resources import ArtifactStore, EndpointRegistry, PoolSettings
     kinds={"parquet", "pyarrow"},
     tags={"autoresearch/stage": "pool"},
 )
-def replay_pool(context: dg.AssetExecutionContext, registry: EndpointRegistry, store: ArtifactStore,
+def replay_pool(context: dg.AssetExecutionContext, registry: EndpointRegistry, lake: ResultsLakeResource,
                 pool_settings: PoolSettings) -> dg.MaterializeResult:
     """Redacted replay pool built from the endpoint's production logs: one Parquet row per request
     (arrival offset, messages/tools as JSON, sampling, token counts, prefix block hashes, split).
-    Bad records are quarantined with a reason; fidelity statistics go to fidelity.json."""
-    from autoresearch_dagster.pool.schema import read_pool
-    from autoresearch_dagster.pool.build import build_pool
+    Bad records are quarantined with a reason; fidelity statistics go to fidelity.json. Kept in the
+    lake's pool home, shared with the CLI, and reused while the logs are unchanged."""
+    from autoresearch_dagster.pool.sources import ensure_pool
 
     name = context.partition_key
     spec = registry.load(name)
     logs = registry.log_files(name)
     if not logs:
         raise dg.Failure(f"endpoint {name!r} lists no log files (workload.logs in its spec)")
-    result = build_pool(logs, name, store.dir(name, "replay_pool"), fmt=spec.workload.format,
-                        key=pool_settings.key(), tokenizer_path=pool_settings.tokenizer_path)
-    pool = read_pool(result.pool_path)
-    summary = result.summary
-    context.log.info(f"pool {result.pool_path}: {summary.get('rows_accepted')} accepted, "
+    built = ensure_pool(logs, name, lake.lake().pool_dir(name), fmt=spec.workload.format, key=pool_settings.key(),
+                        tokenizer_path=pool_settings.tokenizer_path, say=context.log.info)
+    pool, summary = built.pool, built.summary
+    context.log.info(f"pool {pool.path}: {summary.get('rows_accepted')} accepted, "
                      f"{summary.get('rows_quarantined')} quarantined")
     return dg.MaterializeResult(
         data_version=dg.DataVersion(pool.content_hash),
         metadata={
             "dagster/row_count": len(pool),
-            "dagster/column_schema": parquet_schema(Path(result.pool_path)),
-            "path": dg.MetadataValue.path(str(result.pool_path)),
-            "quarantine": dg.MetadataValue.path(str(result.quarantine_path)),
+            "dagster/column_schema": parquet_schema(Path(pool.path)),
+            "path": dg.MetadataValue.path(str(pool.path)),
+            "quarantine": dg.MetadataValue.path(str(built.home / "quarantine.jsonl")),
             "rows_in": int(summary.get("rows_in", 0)),
             "rows_quarantined": int(summary.get("rows_quarantined", 0)),
             "redactions": dg.MetadataValue.json(json_safe(summary.get("redactions", {}))),
@@ -54,9 +54,9 @@ def replay_pool(context: dg.AssetExecutionContext, registry: EndpointRegistry, s
 @dg.asset_check(asset=replay_pool, blocking=True, partitions_def=endpoints,
                 description="The pool matches its source logs: token-length distributions, prefix "
                             "reuse, arrival process and concurrency within the fidelity thresholds.")
-def replay_fidelity(context: dg.AssetCheckExecutionContext, store: ArtifactStore) -> dg.AssetCheckResult:
+def replay_fidelity(context: dg.AssetCheckExecutionContext, lake: ResultsLakeResource) -> dg.AssetCheckResult:
     name = context.partition_key
-    path = store.dir(name, "replay_pool") / "fidelity.json"
+    path = lake.lake().pool_dir(name) / "fidelity.json"
     if not path.exists():
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
                                    description=f"{path} is missing: the pool build wrote no fidelity report")

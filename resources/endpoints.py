@@ -27,10 +27,9 @@ class EndpointRegistry(dg.ConfigurableResource):
 
     def log_files(self, name: str) -> list[Path]:
         """The endpoint's log files, directories expanded, in a stable order."""
-        files: list[Path] = []
-        for p in self.load(name).log_paths():
-            files += sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        return files
+        from autoresearch_dagster.pool.sources import log_files
+
+        return log_files(self.load(name).log_paths())
 
     def candidates(self, name: str) -> dict[str, dict]:
         """Candidate server configs written by people for this endpoint: ``<name>_*.yaml``."""

@@ -25,14 +25,14 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from autoresearch_dagster.pool.fidelity import (FidelityThresholds, WorkloadStats, compare, ks_check, mix64_np,
-                                          token_change_check)
+from autoresearch_dagster.pool.fidelity import FidelityThresholds, compare, ks_check, token_change_check
 from autoresearch_dagster.logs import (MOONCAKE_BLOCK_TOKENS, LogRecord, LogSource, Rejected, ReorderWindow, TraceChunk,
                                       open_log)
 from autoresearch_dagster.pool.schema import (POOL_SCHEMA, SPLIT_TRAINING_PERCENT, PoolWriter, assemble_trace_text,
-                                       block_text_for, split_for)
+                                              block_text_for, mix64_np, split_for)
 from autoresearch_dagster.pool.chat import CHAT_BLOCK_TOKENS, init_worker, process_chat_batch
 from autoresearch_dagster.pool.redact import KEY_ENV
+from autoresearch_dagster.pool.workload import WorkloadStats
 from autoresearch_dagster.spec import SpecError
 from autoresearch_dagster.tokens import count_tokens, get_counter
 
@@ -274,8 +274,9 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
         block_tokens = CHAT_BLOCK_TOKENS
 
     windows = tuple(thresholds.idc_windows_s)
-    source_stats, pool_stats = WorkloadStats(windows=windows), WorkloadStats(windows=windows)
-    serving = WorkloadStats(windows=())  # the serving split, for its prompt-length KS check
+    source_stats = WorkloadStats(block_tokens=block_tokens, windows=windows)
+    pool_stats = WorkloadStats(block_tokens=block_tokens, windows=windows)
+    serving = WorkloadStats(block_tokens=block_tokens, windows=())  # the serving split, for its prompt-length KS check
     if kind == "trace":
         pool_stats.cache = source_stats.cache  # the pool's block_hashes are the source's hash ids, verbatim
     rejected: list[dict] = []
@@ -380,7 +381,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             extra["synthesis.token_count_exact"] = trace_rows.synthesis_check()
         if len(source_stats) >= thresholds.min_split_requests:  # the serving split (what replays) vs the source
             extra["serving_split.prompt_tokens.ks"] = ks_check("serving_split.prompt_tokens.ks",
-                                                                source_stats.prompt_tokens, serving.prompt_tokens,
+                                                                source_stats.prompt_sample, serving.prompt_sample,
                                                                 thresholds.ks_max)
         else:
             extra["serving_split.prompt_tokens.ks"] = {

@@ -1,20 +1,21 @@
-"""Owns replay fidelity: workload statistics of a source log and of a pool, and their comparison.
+"""Owns replay fidelity: the comparison of a source log's workload statistics with its pool's.
 
-Statistics (methods.md §5): prompt/output token-length distributions (KS distance, p50/p99/mean
-ratios), prefix reuse (hit rate of an infinite prefix cache over chained block hashes), arrival
+Statistics (methods.md §5, collected by ``pool.workload.WorkloadStats``): prompt/output
+token-length distributions (KS distance, p50/p99/mean ratios), prefix reuse (the prefix hit rate
+as ``pool.workload`` defines it: the token share an infinite prefix cache would serve), arrival
 process (mean rate, CV of inter-arrival times, index of dispersion of counts at 1/10/60 s), and
 concurrency (time-weighted mean and p95 of in-flight requests) when the log has timings. The
 source side is collected from records as read, before redaction or synthesis changes them.
 """
 from __future__ import annotations
 
-import heapq
 from array import array
 from dataclasses import asdict, dataclass
-from typing import Iterable
 
 import numpy as np
 from scipy.stats import ks_2samp
+
+from autoresearch_dagster.pool.workload import WorkloadStats
 
 
 @dataclass
@@ -37,280 +38,13 @@ class FidelityThresholds:
         return asdict(self)
 
 
-_MASK64 = 2**64 - 1
-
-
-def mix64(x: int) -> int:
-    """splitmix64: a uniform 64-bit hash of an integer (scalar twin of ``mix64_np``)."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def mix64_np(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = np.asarray(x).astype(np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
-class PrefixCache:
-    """Hit rate of an infinite prefix cache over chained block hashes, in bounded memory.
-
-    With an infinite cache every distinct hash misses once and hits on every later occurrence, so
-    hit rate = 1 - distinct / total. ``total`` is exact; ``distinct`` is exact until ``max_tracked``
-    distinct hashes, then estimated from the hashes whose mixed value falls in a shrinking sample
-    (adaptive hash sampling: relative error about 1/sqrt(max_tracked)).
-    """
-
-    def __init__(self, max_tracked: int = 2_000_000) -> None:
-        self._seen: set[int] = set()
-        self.total = 0
-        self.level = 0  # tracked hashes: mix(h) % 2**level == 0
-        self.max_tracked = max_tracked
-
-    def _shrink(self) -> None:
-        while len(self._seen) > self.max_tracked:
-            self.level += 1
-            mask = (1 << self.level) - 1
-            self._seen = {h for h in self._seen if mix64(h) & mask == 0}
-
-    def add(self, hashes: Iterable[int]) -> None:
-        if self.level == 0:
-            n0 = len(hashes) if isinstance(hashes, (list, tuple)) else None
-            if n0 is None:
-                hashes = list(hashes)
-                n0 = len(hashes)
-            self.total += n0
-            self._seen.update(hashes)
-        else:
-            mask = (1 << self.level) - 1
-            for h in hashes:
-                self.total += 1
-                if mix64(h) & mask == 0:
-                    self._seen.add(h)
-        if len(self._seen) > self.max_tracked:
-            self._shrink()
-
-    def add_flat(self, hashes: np.ndarray, unique: np.ndarray | None = None) -> None:
-        """The hashes of many requests at once (``unique``: np.unique of them, if already known)."""
-        if not len(hashes):
-            return
-        self.total += len(hashes)
-        u = np.unique(hashes) if unique is None else unique
-        if self.level:
-            u = u[(mix64_np(u) & np.uint64((1 << self.level) - 1)) == 0]
-        self._seen.update(u.tolist())
-        if len(self._seen) > self.max_tracked:
-            self._shrink()
-
-    @property
-    def distinct(self) -> float:
-        return len(self._seen) * float(1 << self.level)
-
-    @property
-    def hit_rate(self) -> float:
-        return max(0.0, 1.0 - self.distinct / self.total) if self.total else 0.0
-
-
-class _Arrivals:
-    """Streaming arrival statistics of in-order arrivals: count, span, inter-arrival moments, window counts."""
-
-    MAX_BINS = 10_000_000
-
-    def __init__(self, windows: tuple[float, ...]) -> None:
-        self.n = 0
-        self.first = self.last = 0.0
-        self.gap_sum = self.gap_sq = 0.0
-        self.windows = windows
-        self.bins: dict[float, array | None] = {w: array("q") for w in windows}
-
-    def _counts(self, w: float, top: int) -> array | None:
-        counts = self.bins[w]
-        if counts is not None and top > len(counts):
-            if top > self.MAX_BINS:
-                self.bins[w] = None  # span too long for windows this small
-                return None
-            counts.frombytes(bytes(8 * max(top - len(counts), len(counts))))
-        return counts
-
-    def add_one(self, t: float) -> None:
-        if self.n == 0:
-            self.first = self.last = t
-        t = max(t, self.last)  # arrivals come in order; guard against disorder
-        gap = t - self.last
-        self.gap_sum += gap
-        self.gap_sq += gap * gap
-        self.n += 1
-        self.last = t
-        for w in self.windows:
-            i = int((t - self.first) // w)
-            counts = self._counts(w, i + 1)
-            if counts is not None:
-                counts[i] += 1
-
-    def add(self, t: np.ndarray) -> None:
-        if not len(t):
-            return
-        if self.n == 0:
-            self.first = self.last = float(t[0])
-        t = np.maximum.accumulate(np.maximum(np.asarray(t, np.float64), self.last))
-        gaps = np.diff(np.concatenate([[self.last], t]))
-        self.gap_sum += float(gaps.sum())
-        self.gap_sq += float((gaps * gaps).sum())
-        self.n += len(t)
-        self.last = float(t[-1])
-        for w in self.windows:
-            idx = ((t - self.first) // w).astype(np.int64)
-            counts = self._counts(w, int(idx[-1]) + 1)
-            if counts is not None:
-                lo = int(idx[0])
-                view = np.frombuffer(counts, np.int64)
-                view[lo:int(idx[-1]) + 1] += np.bincount(idx - lo)
-
-    def summary(self, min_windows: int) -> dict | None:
-        if self.n < 2 or self.last <= self.first:
-            return None
-        gaps_n = self.n - 1
-        mean = self.gap_sum / gaps_n
-        var = max(0.0, self.gap_sq / gaps_n - mean * mean)
-        out = {"duration_s": self.last - self.first, "rate_rps": gaps_n / (self.last - self.first),
-               "cv": (var ** 0.5) / mean if mean > 0 else None}
-        for w in self.windows:
-            k = int((self.last - self.first) // w)
-            counts = self.bins[w]
-            if counts is None or k < min_windows:
-                out[f"idc_{w:g}s"] = None
-                continue
-            c = np.frombuffer(counts, np.int64)[:k]
-            if len(c) < k:
-                c = np.concatenate([c, np.zeros(k - len(c), np.int64)])
-            m = c.mean()
-            out[f"idc_{w:g}s"] = float(c.var() / m) if m > 0 else None
-        return out
-
-
-class _Concurrency:
-    """Time-weighted in-flight requests from (arrival, latency) in arrival order: a streaming sweep.
-
-    Memory is the current number in flight plus a histogram over concurrency levels.
-    """
-
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-        self.level = 0
-        self.t = None
-        self.hist: dict[int, float] = {}
-        self.with_latency = 0
-
-    def _advance(self, to: float) -> None:
-        if self.t is not None and to > self.t:
-            self.hist[self.level] = self.hist.get(self.level, 0.0) + (to - self.t)
-        self.t = to if self.t is None else max(self.t, to)
-
-    def add(self, start: float, latency: float) -> None:
-        self.with_latency += 1
-        while self.ends and self.ends[0] <= start:  # ends before starts at equal times
-            self._advance(heapq.heappop(self.ends))
-            self.level -= 1
-        self._advance(start)
-        self.level += 1
-        heapq.heappush(self.ends, start + latency)
-
-    def summary(self, n_requests: int) -> dict | None:
-        if self.with_latency < max(2, 0.5 * n_requests):
-            return None
-        while self.ends:
-            self._advance(heapq.heappop(self.ends))
-            self.level -= 1
-        total = sum(self.hist.values())
-        if total <= 0:
-            return None
-        mean = sum(level * d for level, d in self.hist.items()) / total
-        acc = 0.0
-        for level in sorted(self.hist):
-            acc += self.hist[level] / total
-            if acc >= 0.95:
-                return {"mean": mean, "p95": float(level)}
-        return {"mean": mean, "p95": float(max(self.hist))}
-
-
-class WorkloadStats:
-    """One side of the comparison, collected incrementally in bounded memory.
-
-    Arrival, concurrency and prefix statistics are streaming; token lengths keep exact sums and a
-    sample of up to ``max_samples`` requests chosen by a hash of each request's position (all of
-    them until then), so two sides fed the same requests in the same order sample the same ones.
-    Requests must be added in arrival order.
-    """
-
-    def __init__(self, max_samples: int = 200_000, windows: tuple[float, ...] = (1.0, 10.0, 60.0)) -> None:
-        self.n = 0
-        self.prompt_tokens = array("q")  # sampled
-        self.output_tokens = array("q")
-        self._keys = array("q")
-        self.prompt_sum = self.output_sum = 0
-        self.level = 0
-        self.max_samples = max_samples
-        self.arrivals = _Arrivals(windows)
-        self.concurrency = _Concurrency()
-        self.cache = PrefixCache()
-
-    def _resample(self) -> None:
-        while len(self._keys) > self.max_samples:
-            self.level += 1
-            keep = (mix64_np(np.frombuffer(self._keys, np.int64)) & np.uint64((1 << self.level) - 1)) == 0
-            for name in ("_keys", "prompt_tokens", "output_tokens"):
-                setattr(self, name, array("q", np.frombuffer(getattr(self, name), np.int64)[keep].tobytes()))
-
-    def add(self, arrival_s: float, prompt_tokens: int, output_tokens: int, hashes: Iterable[int] = (),
-            latency_s: float | None = None) -> None:
-        key = self.n
-        self.n += 1
-        self.prompt_sum += prompt_tokens
-        self.output_sum += output_tokens
-        if self.level == 0 or mix64(key) & ((1 << self.level) - 1) == 0:
-            self._keys.append(key)
-            self.prompt_tokens.append(prompt_tokens)
-            self.output_tokens.append(output_tokens)
-            if len(self._keys) > self.max_samples:
-                self._resample()
-        self.arrivals.add_one(float(arrival_s))
-        if latency_s is not None:
-            self.concurrency.add(arrival_s, latency_s)
-        self.cache.add(hashes)
-
-    def add_many(self, arrivals: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 hashes: np.ndarray | None = None, unique: np.ndarray | None = None) -> None:
-        n = len(arrivals)
-        keys = np.arange(self.n, self.n + n, dtype=np.int64)
-        self.n += n
-        self.prompt_sum += int(np.sum(prompt_tokens))
-        self.output_sum += int(np.sum(output_tokens))
-        keep = slice(None) if self.level == 0 else \
-            (mix64_np(keys) & np.uint64((1 << self.level) - 1)) == 0
-        self._keys.frombytes(keys[keep].tobytes())
-        self.prompt_tokens.frombytes(np.ascontiguousarray(prompt_tokens, np.int64)[keep].tobytes())
-        self.output_tokens.frombytes(np.ascontiguousarray(output_tokens, np.int64)[keep].tobytes())
-        if len(self._keys) > self.max_samples:
-            self._resample()
-        self.arrivals.add(np.asarray(arrivals, np.float64))
-        if hashes is not None:
-            self.cache.add_flat(hashes, unique)
-
-    def __len__(self) -> int:
-        return self.n
-
-
 def summarize(ws: WorkloadStats, th: FidelityThresholds | None = None) -> dict:
     """The statistics of one side, as plain numbers."""
     th = th or FidelityThresholds()
-    out: dict = {"requests": len(ws), "prefix_hit_rate": ws.cache.hit_rate,
-                 "sampled_fraction": len(ws.prompt_tokens) / len(ws) if len(ws) else 1.0}
-    for name, a, total in (("prompt_tokens", ws.prompt_tokens, ws.prompt_sum),
-                           ("output_tokens", ws.output_tokens, ws.output_sum)):
+    out: dict = {"requests": len(ws), "prefix_hit_rate": ws.prefix_hit_rate,
+                 "sampled_fraction": len(ws.prompt_sample) / len(ws) if len(ws) else 1.0}
+    for name, a, total in (("prompt_tokens", ws.prompt_sample, ws.prompt_sum),
+                           ("output_tokens", ws.output_sample, ws.output_sum)):
         x = np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0)
         out[name] = ({"mean": total / len(ws), "p50": float(np.percentile(x, 50)), "p99": float(np.percentile(x, 99))}
                      if len(x) else None)
@@ -352,8 +86,8 @@ def compare(source: WorkloadStats, pool: WorkloadStats, th: FidelityThresholds |
     th = th or FidelityThresholds()
     s, p = summarize(source, th), summarize(pool, th)
     checks: dict[str, dict] = {}
-    for name in ("prompt_tokens", "output_tokens"):
-        checks[f"{name}.ks"] = ks_check(f"{name}.ks", getattr(source, name), getattr(pool, name), th.ks_max)
+    for name, side in (("prompt_tokens", "prompt_sample"), ("output_tokens", "output_sample")):
+        checks[f"{name}.ks"] = ks_check(f"{name}.ks", getattr(source, side), getattr(pool, side), th.ks_max)
         for stat, tol in (("p50", th.p50_tol), ("p99", th.p99_tol), ("mean", th.mean_tol)):
             sv = s[name][stat] if s[name] else None
             pv = p[name][stat] if p[name] else None

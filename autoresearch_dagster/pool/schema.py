@@ -162,15 +162,24 @@ PHRASE_WORDS = 8
 # stores each block as its phrase ids and carries this bank in its metadata, so the file alone
 # decodes to text; the encoding keeps a one-hour trace's block table tens of MB instead of GB.
 PHRASES = tuple(synth_text(PHRASE_WORDS, seed=1_000_003 + i) for i in range(512))
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MASK64 = 2**64 - 1
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer over uint64 arrays (wrapping arithmetic)."""
-    z = z + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+def mix64(x: int) -> int:
+    """splitmix64: a uniform 64-bit hash of an integer (scalar twin of ``mix64_np``)."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def mix64_np(x: np.ndarray) -> np.ndarray:
+    """splitmix64 over an integer array (int64 or uint64 bits), as uint64 with wrapping arithmetic."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(x).astype(np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
 
 
 def block_phrase_ids(hash_ids: np.ndarray, block_tokens: int) -> np.ndarray:
@@ -181,9 +190,9 @@ def block_phrase_ids(hash_ids: np.ndarray, block_tokens: int) -> np.ndarray:
     k = -(-block_tokens // PHRASE_WORDS)
     n_words = -(-k // 7)
     with np.errstate(over="ignore"):
-        base = _mix(np.asarray(hash_ids, dtype=np.int64).astype(np.uint64))
+        base = mix64_np(hash_ids)
         j = (np.arange(n_words, dtype=np.uint64) + np.uint64(1)) * np.uint64(0xD1B54A32D192ED03)
-        words = _mix(base[:, None] ^ j[None, :])
+        words = mix64_np(base[:, None] ^ j[None, :])
         shifts = np.arange(7, dtype=np.uint64) * np.uint64(9)
         ids = (words[:, :, None] >> shifts[None, None, :]) & np.uint64(len(PHRASES) - 1)
         return ids.reshape(len(base), n_words * 7)[:, :k].astype(np.uint16)
@@ -324,9 +333,6 @@ class PoolWriter:
 
     def add_blocks(self, hash_ids: Iterable[int]) -> None:
         self._block_ids.update(hash_ids)
-
-    def has_block(self, hash_id: int) -> bool:
-        return hash_id in self._block_ids
 
     def _write_table(self, table: pa.Table) -> None:
         self._hash.update(table)

@@ -1,11 +1,13 @@
 import numpy as np
 import pytest
 
-from autoresearch_dagster.pool.fidelity import FidelityThresholds, WorkloadStats, compare
+from autoresearch_dagster.pool.fidelity import FidelityThresholds, compare, summarize
+from autoresearch_dagster.pool.schema import PoolRequest
+from autoresearch_dagster.pool.workload import PrefixCache, WorkloadStats, prefix_reuse, workload_stats
 
 
 def _stats(arr, prompt, out, hashes, lat=None):
-    ws = WorkloadStats()
+    ws = WorkloadStats(block_tokens=64)
     for i in range(len(arr)):
         ws.add(float(arr[i]), int(prompt[i]), int(out[i]), hashes[i], None if lat is None else float(lat[i]))
     return ws
@@ -60,30 +62,26 @@ def test_thresholds_are_configurable():
 
 
 def test_bounded_memory_statistics_track_the_exact_ones():
-    from autoresearch_dagster.pool.fidelity import PrefixCache, summarize
-
     arr, prompt, out, hashes, lat = _workload(n=20000)
-    exact, small = WorkloadStats(), WorkloadStats(max_samples=2000)
+    exact, small = WorkloadStats(block_tokens=64), WorkloadStats(block_tokens=64, max_samples=2000)
     small.cache = PrefixCache(max_tracked=3000)
     for ws in (exact, small):
         for i in range(len(arr)):
             ws.add(float(arr[i]), int(prompt[i]), int(out[i]), hashes[i], float(lat[i]))
     se, ss = summarize(exact), summarize(small)
-    assert len(small.prompt_tokens) <= 2000 and ss["sampled_fraction"] < 0.2 and se["sampled_fraction"] == 1.0
+    assert len(small.prompt_sample) <= 2000 and ss["sampled_fraction"] < 0.2 and se["sampled_fraction"] == 1.0
     assert ss["prompt_tokens"]["mean"] == se["prompt_tokens"]["mean"]  # sums stay exact
     assert abs(ss["prompt_tokens"]["p50"] / se["prompt_tokens"]["p50"] - 1) < 0.1
     assert len(small.cache._seen) <= 3000 and small.cache.level > 0
     assert abs(ss["prefix_hit_rate"] - se["prefix_hit_rate"]) < 0.02
     assert ss["arrival"] == se["arrival"] and ss["concurrency"] == se["concurrency"]
     # two sides fed the same requests sample the same ones, so a faithful copy still compares exactly
-    other = WorkloadStats(max_samples=2000)
+    other = WorkloadStats(block_tokens=64, max_samples=2000)
     other.add_many(arr, prompt, out)
-    assert list(other.prompt_tokens) == list(small.prompt_tokens)
+    assert list(other.prompt_sample) == list(small.prompt_sample)
 
 
 def test_streaming_concurrency_matches_a_direct_sweep():
-    from autoresearch_dagster.pool.fidelity import summarize
-
     rng = np.random.default_rng(5)
     arr = np.cumsum(rng.exponential(0.2, 500))
     lat = rng.uniform(0.1, 3.0, 500)
@@ -96,3 +94,34 @@ def test_streaming_concurrency_matches_a_direct_sweep():
     assert c["mean"] == pytest.approx((level * dur).sum() / dur.sum())
     o = np.argsort(level, kind="stable")
     assert c["p95"] == level[o][np.searchsorted(np.cumsum(dur[o]) / dur.sum(), 0.95)]
+
+
+def _pool_request(i, arrival, prompt, hashes):
+    return PoolRequest(id=str(i), arrival_s=arrival, conversation_id=None, turn=None, api="chat",
+                       messages=[{"role": "user", "content": "x"}], prompt=None, tools=None, tool_choice=None,
+                       response_format=None, sampling={}, prompt_tokens=prompt, output_tokens=10,
+                       block_hashes=hashes, block_tokens=64, split="serving")
+
+
+def test_prefix_hit_rate_is_the_token_share_an_infinite_cache_serves():
+    # Two requests of 100 prompt tokens: one full 64-token block (hash 7, shared) and a 36-token tail.
+    # The old fidelity definition, cached blocks / all blocks = 1 - distinct/total = 1 - 1/2 = 0.50;
+    # the old diagnosis definition (kept), cached tokens / all prompt tokens = 64 / 200 = 0.32.
+    # A third request of 64 tokens shares no block: blocks 1 - 2/3 = 0.33 vs tokens 64 / 264.
+    reqs = [_pool_request(0, 0.0, 100, [7]), _pool_request(1, 1.0, 100, [7])]
+    assert workload_stats(reqs).prefix_hit_rate == pytest.approx(0.32)
+    assert prefix_reuse(reqs)[0] == pytest.approx(0.32)
+    fid = WorkloadStats(block_tokens=64)
+    for r in reqs:
+        fid.add(r.arrival_s, r.prompt_tokens, r.output_tokens, r.block_hashes)
+    assert summarize(fid)["prefix_hit_rate"] == pytest.approx(0.32)
+    more = reqs + [_pool_request(2, 2.0, 64, [8])]
+    assert workload_stats(more).prefix_hit_rate == pytest.approx(64 / 264)
+
+
+def test_workload_summary_keeps_every_statistic_diagnosis_reports():
+    reqs = [_pool_request(i, float(i), 100, [7]) for i in range(5)]
+    d = workload_stats(reqs).to_dict()
+    assert d["n_requests"] == 5 and d["prefix_hit_rate"] == pytest.approx(4 * 64 / 500)
+    assert d["top_prefixes"] == [{"prefix_tokens": 64, "requests": 4, "tokens_saved": 256}]
+    assert d["prompt_tokens"]["max"] == 100 and d["mean_rate_rps"] == pytest.approx(1.0)

@@ -55,7 +55,6 @@ def test_bulk_and_line_by_line_readers_build_the_same_pool(tmp_path):
     rows[100] = '{"timestamp": 5, "input_length": -3, "output_length": 1, "hash_ids": []}'
     rows[2500] = '{"timestamp": "soon"}'
     log = write_lines(tmp_path / "t.jsonl", rows)
-    from autoresearch_dagster.pool.build import _TraceOrder  # noqa: F401 — the path under test
     import autoresearch_dagster.pool.build as pb
 
     old = pb.TRACE_BATCH_LINES
