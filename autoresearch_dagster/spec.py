@@ -1,9 +1,14 @@
 """Owns the typed specs: endpoint, SLA, server config (SGLang 0.5.23 knob names), budgets.
 
 One table, ``KNOBS``, is the single source of truth for every tunable server knob: its SGLang
-name, type, default, allowed values or range, whether it is lossy, the research direction it
-belongs to and a one-line trade-off. Validation, the emulator's inputs, SGLang launch flags,
-the search space and the lossless/lossy classification all derive from it.
+name, type, default, allowed values or range, the research direction it belongs to, a one-line
+trade-off, the values the search space (and the emulator's grid) tries, and what its values mean:
+spellings of one value (``bf16`` is ``bfloat16``, ``NEXTN`` is ``EAGLE``) and a ``Meaning`` per
+value (which values compute in fp8 and are therefore lossy, which speculative algorithms run a
+draft model or keep mixed chunks). Validation, the drift check's equality, the emulator's inputs,
+the tiny model's numerics, SGLang launch flags, the search space, the grid and the lossless/lossy
+classification all derive from it, and ``server_overrides`` holds the one SGLang resolution rule
+that overrides values the user set.
 """
 from __future__ import annotations
 
@@ -26,6 +31,24 @@ Direction = Literal["scheduling_cache", "speculative", "kernels_quant", "paralle
 
 
 @dataclass(frozen=True)
+class Meaning:
+    """What one knob value does beyond its name: the facts the emulator, the tiny model and the
+    correctness gate read instead of matching value strings themselves."""
+    fp8: Literal["e4m3", "e5m2"] | None = None  # computes in this fp8 format instead of the checkpoint's precision
+    weight_scales: Literal["per_tensor", "per_channel"] | None = None  # fp8 weights (activations per token)
+    draft_model: bool = False  # a speculative algorithm that runs a draft model (NGRAM looks drafts up)
+    mixed_chunk: bool = True  # SGLang keeps enable_mixed_chunk under it (SpeculativeAlgorithm.supports_mixed_chunk)
+
+    @property
+    def lossy(self) -> bool:
+        """Outputs may change: the value computes in a lower precision than the checkpoint's."""
+        return self.fp8 is not None
+
+
+_PLAIN = Meaning()
+
+
+@dataclass(frozen=True)
 class Knob:
     name: str  # SGLang's ServerArgs field name; the CLI flag is --name-with-dashes
     type: type
@@ -35,13 +58,23 @@ class Knob:
     choices: tuple[Any, ...] | None = None
     low: float | None = None  # inclusive bounds for numeric knobs
     high: float | None = None
-    lossy: bool = False
     nullable: bool = True
-    search_values: tuple[Any, ...] = ()  # the values the offline search space tries
+    search_values: tuple[Any, ...] = ()  # the values the offline search space and the emulator's grid try
+    aliases: dict[str, Any] = field(default_factory=dict)  # spelling -> the value SGLang treats it as
+    # canonical value -> its meaning; a value not listed computes like the checkpoint (lossless, no draft
+    # model). May name values a server reports without our choices allowing them (auto-detected checkpoints).
+    meanings: dict[Any, Meaning] = field(default_factory=dict)
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def canonical(self, value: Any) -> Any:
+        """The value a spelling stands for (``bf16`` -> ``bfloat16``); other values unchanged."""
+        return self.aliases.get(value, value) if isinstance(value, str) else value
+
+    def meaning(self, value: Any) -> Meaning:
+        return self.meanings.get(self.canonical(value), _PLAIN)
 
     def validate(self, value: Any) -> Any:
         if value is None:
@@ -109,11 +142,19 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
        low=1, high=256, search_values=(1, 16, 64)),
     _K("kv_cache_dtype", str, "auto", "kernels_quant",
        "KV cache precision: fp8 roughly doubles token capacity at some accuracy risk",
-       choices=("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"), lossy=True, nullable=False,
-       search_values=("auto", "fp8_e4m3")),
+       choices=("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"), nullable=False,
+       search_values=("auto", "fp8_e4m3"), aliases={"bf16": "bfloat16"},
+       # auto is the checkpoint's dtype, bfloat16 for every catalog model: only the fp8 formats are lossy
+       meanings={"fp8_e4m3": Meaning(fp8="e4m3"), "fp8_e5m2": Meaning(fp8="e5m2")}),
     _K("quantization", str, None, "kernels_quant",
        "weight quantization: fp8 halves weight bytes and uses fp8 tensor cores, at some accuracy risk",
-       choices=("fp8", "w8a8_fp8", "unquant"), lossy=True, search_values=(None, "fp8")),
+       choices=("fp8", "w8a8_fp8", "unquant"), search_values=(None, "fp8"),
+       # fp8: online quantization, per-tensor weight scales, dynamic per-token activations; w8a8_fp8: per
+       # output channel. modelopt_fp8 and mxfp8 (block scales) are what a server reports for an fp8 checkpoint.
+       meanings={"fp8": Meaning(fp8="e4m3", weight_scales="per_tensor"),
+                 "w8a8_fp8": Meaning(fp8="e4m3", weight_scales="per_channel"),
+                 "modelopt_fp8": Meaning(fp8="e4m3", weight_scales="per_tensor"),
+                 "mxfp8": Meaning(fp8="e4m3")}),
     _K("disable_radix_cache", bool, False, "scheduling_cache",
        "turn off the radix prefix cache: no prefix reuse, less bookkeeping",
        nullable=False, search_values=(False, True)),
@@ -128,7 +169,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
        choices=(1, 2, 4, 8), nullable=False, search_values=(1, 2)),
     _K("speculative_algorithm", str, None, "speculative",
        "speculative decoding: more tokens per step at low batch, wasted draft compute near saturation",
-       choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"), search_values=(None, "EAGLE")),
+       choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"), search_values=(None, "EAGLE"),
+       # speculative_hook.py: NEXTN resolves to EAGLE; spec_info.py: supports_mixed_chunk is EAGLE, EAGLE3
+       # (and DFLASH, DSPARK); NGRAM drafts from a trie of the context, with no draft model
+       aliases={"NEXTN": "EAGLE"},
+       meanings={"EAGLE": Meaning(draft_model=True), "EAGLE3": Meaning(draft_model=True),
+                 "STANDALONE": Meaning(draft_model=True, mixed_chunk=False), "NGRAM": Meaning(mixed_chunk=False)}),
     _K("speculative_num_steps", int, None, "speculative",
        "draft depth: more accepted tokens per verify vs wasted draft work at high batch",
        low=1, high=16, search_values=(1, 2, 3, 5)),
@@ -159,13 +205,34 @@ def validate_server_config(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_lossy(config: dict[str, Any], baseline: dict[str, Any] | None = None) -> bool:
-    """A change is lossy when it sets a lossy knob to a value that differs from the baseline's."""
+    """A change is lossy when it sets a knob to a lossy value (``Meaning.lossy``) other than the baseline's.
+
+    Going back to the checkpoint's precision is not lossy: it only removes a loss the baseline had.
+    """
     baseline = baseline or {}
     for name, value in config.items():
         k = knob(name)
-        if k.lossy and value != baseline.get(name, k.default) and value not in (None, "auto", "unquant"):
+        if k.meaning(value).lossy and k.canonical(value) != k.canonical(baseline.get(name, k.default)):
             return True
     return False
+
+
+def server_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the resolution SGLang 0.5.23's ServerArgs applies whatever the hardware.
+
+    A speculative algorithm alias becomes its algorithm (NEXTN -> EAGLE), and an algorithm that does
+    not support mixed chunks turns ``enable_mixed_chunk`` off even when the user set it
+    (``arg_groups/speculative_hook.py``). The emulator's and the tiny server's resolution both
+    apply it, so asking for both shows up as config drift there, as on a real server.
+    """
+    out = dict(values)
+    algo = out.get("speculative_algorithm")
+    if algo is not None:
+        spec = KNOBS["speculative_algorithm"]
+        out["speculative_algorithm"] = spec.canonical(algo)
+        if out.get("enable_mixed_chunk") and not spec.meaning(algo).mixed_chunk:
+            out["enable_mixed_chunk"] = False
+    return out
 
 
 def launch_flags(config: dict[str, Any]) -> list[str]:

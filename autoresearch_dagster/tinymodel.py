@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from autoresearch_dagster.spec import KNOBS, validate_server_config
+from autoresearch_dagster.spec import KNOBS, server_overrides, validate_server_config
 
 VERSION = "tinymodel-1"
 VOCAB = 256
@@ -120,23 +120,20 @@ def numerics_for(variant: str | Numerics) -> Numerics:
 
 
 def numerics_from_config(config: dict[str, Any]) -> Numerics:
-    """The numerics an SGLang server config implies (only ``quantization`` and ``kv_cache_dtype`` matter).
+    """The numerics an SGLang server config implies: the ``Meaning`` of its ``quantization`` and
+    ``kv_cache_dtype`` values in ``spec.KNOBS``.
 
     Scheduling, memory, graph and parallel knobs and speculative decoding with exact verification
     leave the numerics at the reference: the tiny model computes them identically.
     """
     cfg = validate_server_config(config or {})
     n = Numerics()
-    quant = cfg.get("quantization")
-    if quant == "fp8":
-        n = replace(n, weight_fp8="per_tensor", act_fp8=True)
-    elif quant == "w8a8_fp8":
-        n = replace(n, weight_fp8="per_channel", act_fp8=True)
-    kv = cfg.get("kv_cache_dtype")
-    if kv == "fp8_e4m3":
-        n = replace(n, kv_fp8="e4m3")
-    elif kv == "fp8_e5m2":
-        n = replace(n, kv_fp8="e5m2")
+    weights = KNOBS["quantization"].meaning(cfg.get("quantization"))
+    if weights.fp8:  # SGLang's fp8 methods quantize activations dynamically per token
+        n = replace(n, weight_fp8=weights.weight_scales, act_fp8=True)
+    kv = KNOBS["kv_cache_dtype"].meaning(cfg.get("kv_cache_dtype"))
+    if kv.fp8:
+        n = replace(n, kv_fp8=kv.fp8)
     return n
 
 
@@ -604,17 +601,11 @@ def serve_tiny_model_in_thread(variant: str | Numerics = "reference", seed: int 
 def resolve_server_args(config: dict[str, Any]) -> dict[str, Any]:
     """Resolved knob values as the tiny server reports them in /server_info.
 
-    Set knobs are reported as given, unset ones at their KNOBS default, with one resolution rule of
-    SGLang 0.5.23 that overrides a value the user set: NGRAM and STANDALONE speculative decoding
-    turn mixed chunking off (``arg_groups/speculative_hook.py``: ``_handle_ngram``,
-    ``_handle_eagle_family`` with ``SpeculativeAlgorithm.supports_mixed_chunk``), so asking for
-    both shows up as config drift, as it would on a real server.
+    Set knobs are reported as given, unset ones at their KNOBS default, then SGLang's rules that
+    override a value the user set (``spec.server_overrides``: e.g. NGRAM turns mixed chunking off),
+    so asking for both shows up as config drift, as it would on a real server.
     """
-    resolved = {name: k.default for name, k in KNOBS.items()}
-    resolved.update(config)
-    if resolved.get("speculative_algorithm") in ("NGRAM", "STANDALONE") and resolved.get("enable_mixed_chunk"):
-        resolved["enable_mixed_chunk"] = False
-    return resolved
+    return server_overrides({**{name: k.default for name, k in KNOBS.items()}, **config})
 
 
 def build_arg_parser() -> argparse.ArgumentParser:

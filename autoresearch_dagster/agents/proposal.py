@@ -59,9 +59,10 @@ def _suggested_value(hypothesis: dict[str, Any], name: str, baseline: dict[str, 
     for k in hypothesis.get("knobs", []):
         if isinstance(k, dict) and k.get("name") == name and "value" in k:
             return k["value"]
-    current = baseline.get(name, KNOBS[name].default)
-    for v in KNOBS[name].search_values:
-        if v != current and v is not None:
+    k = KNOBS[name]
+    current = k.canonical(baseline.get(name, k.default))
+    for v in k.search_values:
+        if k.canonical(v) != current and v is not None:
             return v
     return None
 

@@ -1,7 +1,7 @@
 """Owns calibration: fit the emulator's efficiency factors to a measured load curve.
 
 Given the load curve of a real endpoint (per load step: arrival rate and latency percentiles, as
-``measure.LoadStep`` / the results lake store them), the same replay pool and server config,
+``measure.step.LoadStep`` / the results lake store them), the same replay pool and server config,
 ``calibrate`` replays each step's rate in the virtual-time emulator (noise off, fixed seeds, the
 runner's own schedule builder and step summary) and fits chosen ``Efficiency`` factors by
 bounded non-linear least squares (``scipy.optimize.least_squares``) on log-ratios of predicted to
@@ -24,6 +24,7 @@ from scipy.optimize import least_squares
 
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.emulator.noise import NoiseSettings
+from autoresearch_dagster.measure.profiles import REQUEST_TIMEOUT_S
 from autoresearch_dagster.spec import SpecError
 
 DEFAULT_PARAMS = ("gemm_mfu", "mbu")
@@ -84,20 +85,23 @@ def curve_points(steps: list[Any], *, duration_s: float | None = None) -> list[C
     return out
 
 
-def predict(endpoint: Any, config: dict[str, Any], pool: Any, points: list[CurvePoint], eff: Efficiency) -> list[Any]:
-    """The emulator's LoadStep for each point's rate (noise off; the runner's schedule and summary)."""
+def predict(endpoint: Any, config: dict[str, Any], pool: Any, points: list[CurvePoint], eff: Efficiency, *,
+            request_timeout_s: float = REQUEST_TIMEOUT_S) -> list[Any]:
+    """The emulator's LoadStep for each point's rate (noise off; the runner's own step).
+
+    ``request_timeout_s``: the timeout the measured steps ran with (their profile's), so that the
+    predicted and the measured percentiles are over the same completed requests."""
     from autoresearch_dagster.engines.emulator import VirtualDeployment
-    from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
-    from autoresearch_dagster.measure.capacity import summarize_step
+    from autoresearch_dagster.measure.step import run_offsets, step_offsets
 
     out = []
     for k, p in enumerate(points):
         dep = VirtualDeployment(endpoint, config, seed=p.seed, noise=NoiseSettings.off(), efficiency=eff,
                                 sample_interval_s=0)
-        offsets = poisson_offsets(p.rate_rps, p.duration_s, seed=p.seed)
-        sched = build_schedule(pool, offsets, model=endpoint.model, seed=p.seed, start_index=k * len(offsets))
-        outcome = dep.run_step(sched, step_id=f"cal{k}", timeout_s=600.0)
-        out.append(summarize_step(outcome, endpoint.sla, rate_rps=p.rate_rps))
+        offsets = step_offsets(p.rate_rps, p.duration_s, seed=p.seed)
+        out.append(run_offsets(dep, pool, offsets, endpoint.sla, rate_rps=p.rate_rps, model=endpoint.model,
+                               seed=p.seed, step_id=f"cal{k}", request_timeout_s=request_timeout_s,
+                               start_index=k * len(offsets)).step)
     return out
 
 
@@ -123,8 +127,10 @@ def _summ(res: np.ndarray, names: list[str]) -> tuple[dict[str, float], dict[str
 
 def calibrate(endpoint: Any, config: dict[str, Any], pool: Any, points: list[CurvePoint], *,
               params: tuple[str, ...] = DEFAULT_PARAMS, start: Efficiency | None = None,
-              metrics: tuple[tuple[str, str], ...] = DEFAULT_METRICS, max_evals: int = 60) -> CalibrationResult:
-    """Fit ``params`` of the emulator's Efficiency so its load curve matches ``points``."""
+              metrics: tuple[tuple[str, str], ...] = DEFAULT_METRICS, max_evals: int = 60,
+              request_timeout_s: float = REQUEST_TIMEOUT_S) -> CalibrationResult:
+    """Fit ``params`` of the emulator's Efficiency so its load curve matches ``points`` (measured with
+    ``request_timeout_s``: see ``predict``)."""
     if not points:
         raise SpecError("calibration needs at least one measured load step")
     unknown = [p for p in params if p not in BOUNDS]
@@ -143,7 +149,8 @@ def calibrate(endpoint: Any, config: dict[str, Any], pool: Any, points: list[Cur
 
     def fun(x: np.ndarray) -> np.ndarray:
         evals[0] += 1
-        r, names = _residuals(predict(endpoint, config, pool, points, eff_of(x)), points, metrics)
+        pred = predict(endpoint, config, pool, points, eff_of(x), request_timeout_s=request_timeout_s)
+        r, names = _residuals(pred, points, metrics)
         names_box[0] = names
         return r
 
@@ -154,7 +161,7 @@ def calibrate(endpoint: Any, config: dict[str, Any], pool: Any, points: list[Cur
     init_mean, _ = _summ(r0, names_box[0])
     sol = least_squares(fun, x0, bounds=(lo, hi), diff_step=0.05, x_scale=1.0, max_nfev=max_evals, method="trf")
     eff = eff_of(sol.x)
-    pred = predict(endpoint, config, pool, points, eff)
+    pred = predict(endpoint, config, pool, points, eff, request_timeout_s=request_timeout_s)
     r, names = _residuals(pred, points, metrics)
     err, worst = _summ(r, names)
     rows = [{"rate_rps": p.rate_rps, **{f"{m}.{q}": {"measured": (p.metrics.get(m) or {}).get(q),

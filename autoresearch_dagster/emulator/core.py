@@ -14,7 +14,8 @@ Modelled after SGLang 0.5.23's scheduler (``managers/scheduler.py``, ``schedule_
   ``max_running_requests``; one chunked request at a time continues first;
 - prefill has priority over decode unless a ``prefill_decode_interval`` is armed (N decode rounds
   after every prefill/extend batch, while the running batch has >= min_bs requests);
-- ``enable_mixed_chunk`` runs the running decodes inside the chunked-prefill step;
+- ``enable_mixed_chunk`` runs the running decodes inside the chunked-prefill step (one token each,
+  also under speculative decoding, as SGLang's mixed steps degrade them to a plain decode);
 - decode rounds retract requests (fewest generated tokens, longest prompt first) when KV runs out,
   and re-estimate the new-token ratio; the ratio decays from 0.7 x conservativeness to 14% of it
   over 600 decode steps;
@@ -25,6 +26,8 @@ Modelled after SGLang 0.5.23's scheduler (``managers/scheduler.py``, ``schedule_
 - ``dp_size`` replicas behind a round-robin router, each its own scheduler and KV pool.
 """
 from __future__ import annotations
+
+import importlib.metadata
 
 import math
 from collections import OrderedDict, deque
@@ -37,6 +40,16 @@ from autoresearch_dagster.emulator.catalog import GPUSpec, ModelCard
 from autoresearch_dagster.emulator.cost import CostModel, Efficiency, StepCost
 from autoresearch_dagster.emulator.noise import NoiseSettings, NoiseSource
 from autoresearch_dagster.emulator.resolve import Resolved, resolve_config
+from autoresearch_dagster.spec import KNOBS
+
+
+def emulator_version() -> str:
+    try:
+        v = importlib.metadata.version("autoresearch-dagster")
+    except importlib.metadata.PackageNotFoundError:
+        from autoresearch_dagster import __version__ as v
+    return f"emulator-{v}"
+
 
 LPM_MAX_QUEUE = 128  # schedule_policy.py WAITING_QUEUE_PREFIX_MATCH_MAX
 LPM_MATCH_S = 4e-6  # scheduler CPU per waiting request prefix-matched by a cache-aware policy
@@ -120,7 +133,7 @@ class _Req:
         self.error: str | None = None
         self.replica = replica
         self.retractions = 0
-        self.spec: list[int] = []  # accepted tokens per verify step (speculative decoding only)
+        self.spec: list[int] = []  # tokens per decode step under speculative decoding (1 in a mixed step)
 
 
 class RadixCache:
@@ -208,7 +221,8 @@ class _Replica:
         self.spec_alpha = core.resolved.spec_alpha
         if self.spec_alpha and self.spec_topk > 1:  # a wider tree raises the chance one branch matches
             self.spec_alpha = 1 - (1 - self.spec_alpha) / math.sqrt(self.spec_topk)
-        self.spec_draft_steps = 0 if k["speculative_algorithm"] == "NGRAM" else self.spec_steps
+        self.spec_draft_steps = self.spec_steps if KNOBS["speculative_algorithm"].meaning(
+            k["speculative_algorithm"]).draft_model else 0
         self.rng = np.random.default_rng(seed)
         self.noise = NoiseSource(core.noise_settings, seed)
         init = min(0.7 * k["schedule_conservativeness"], 1.0)
@@ -611,6 +625,9 @@ class _Replica:
             self.off += acc
             tot = acc * len(self.reqs)
             self.reserve_remaining -= tot
+            if self.spec_alpha:  # a mixed step: token_times needs every decode step's count
+                for r in self.reqs:
+                    r.spec.append(acc)
         else:
             self._buf[[0, 2, 3], :len(self.reqs)] += acc
             tot = int(acc.sum())

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from autoresearch_dagster.outputs.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from autoresearch_dagster.emulator.core import EngineCore, Step
@@ -168,18 +168,8 @@ def build_trace(steps: list["Step"], core: "EngineCore", *, rank: int = 0) -> di
 
 def write_trace(obj: dict, path: str | Path, gz: bool = True) -> Path:
     """Write a trace atomically (gzip when ``gz``); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps(obj, separators=(",", ":")).encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trace-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(gzip.compress(data, compresslevel=5) if gz else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_bytes(path, gzip.compress(data, compresslevel=5) if gz else data)
 
 
 def trace_filename(profile_id: str, rank: int = 0, *, gz: bool = True) -> str:

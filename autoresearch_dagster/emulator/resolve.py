@@ -2,7 +2,9 @@
 
 Every knob in ``spec.KNOBS`` gets a concrete value: memory-dependent defaults (chunked prefill
 size, decode CUDA-graph max batch size, mem_fraction_static), the KV pool size that follows, the
-max-running-requests estimate (48 under speculative decoding), speculative parameters, page size.
+max-running-requests estimate (48 under speculative decoding), speculative parameters, page size,
+and ``spec.server_overrides`` (the hardware-independent rules). What a value means (fp8 weights or
+KV, a draft model) comes from the knob table's ``Meaning``.
 """
 from __future__ import annotations
 
@@ -17,14 +19,12 @@ from autoresearch_dagster.emulator.cost import (
     kv_capacity_tokens,
     weight_gib,
 )
-from autoresearch_dagster.spec import KNOBS, SpecError, validate_server_config
+from autoresearch_dagster.spec import KNOBS, SpecError, server_overrides, validate_server_config
 
-FP8_KV = ("fp8_e4m3", "fp8_e5m2")
-FP8_WEIGHTS = ("fp8", "w8a8_fp8")
 # Per-draft-token acceptance probability by algorithm (chain drafting, top-1): EAGLE reports mean
 # accepted lengths ~3-3.5 at 5 steps on chat traffic (Li et al. 2024), EAGLE-3 higher; n-gram
-# lookup is workload dependent and lower on open-ended chat.
-ACCEPT_PROB = {"EAGLE": 0.70, "EAGLE3": 0.78, "NEXTN": 0.75, "STANDALONE": 0.65, "NGRAM": 0.45}
+# lookup is workload dependent and lower on open-ended chat. NEXTN resolves to EAGLE.
+ACCEPT_PROB = {"EAGLE": 0.70, "EAGLE3": 0.78, "STANDALONE": 0.65, "NGRAM": 0.45}
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def _is_llama(model: ModelCard) -> bool:
 
 def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, Any]) -> Resolved:
     cfg = validate_server_config(config)
-    k: dict[str, Any] = {name: cfg.get(name, kn.default) for name, kn in KNOBS.items()}
+    k: dict[str, Any] = server_overrides({name: cfg.get(name, kn.default) for name, kn in KNOBS.items()})
     tp, dp = k["tp_size"], k["dp_size"]
     if tp * dp > gpus:
         raise SpecError(f"tp_size x dp_size = {tp * dp} exceeds the deployment's {gpus} GPU(s)")
@@ -53,7 +53,7 @@ def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, A
         k["chunked_prefill_size"] = -1
     spec_on = k["speculative_algorithm"] is not None
     if spec_on:
-        algo = k["speculative_algorithm"] = "EAGLE" if k["speculative_algorithm"] == "NEXTN" else k["speculative_algorithm"]
+        algo = k["speculative_algorithm"]
         steps, topk, draft = (5, 4, 8) if _is_llama(model) else (3, 1, 4)
         if algo == "NGRAM":
             steps, topk, draft = 11, 1, 12
@@ -65,7 +65,6 @@ def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, A
             k["speculative_num_draft_tokens"] = k["speculative_num_draft_tokens"] or draft
         if k["max_running_requests"] is None:
             k["max_running_requests"] = 48
-        k["enable_mixed_chunk"] = False  # the emulator's spec path does not mix prefill chunks into verify
     else:
         for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
             k[name] = None
@@ -82,12 +81,11 @@ def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, A
         k["page_size"] = 64 if hw.name == "B200" else 1  # trtllm_mha is the SM100 default backend
     if k["prefill_decode_interval"] is None:
         k["prefill_decode_interval"] = 0
-    if k["quantization"] == "unquant":
-        k["quantization"] = None
-    fp8w = k["quantization"] in FP8_WEIGHTS
-    kv_bytes = 1.0 if k["kv_cache_dtype"] in FP8_KV else model.weight_bytes
+    fp8w = KNOBS["quantization"].meaning(k["quantization"]).fp8 is not None
+    kv_bytes = 1.0 if KNOBS["kv_cache_dtype"].meaning(k["kv_cache_dtype"]).fp8 else model.weight_bytes
     cap = kv_capacity_tokens(model, hw, tp=tp, mem_fraction_static=k["mem_fraction_static"], fp8_weights=fp8w,
-                             kv_bytes=kv_bytes, page_size=k["page_size"], draft=spec_on and k["speculative_algorithm"] != "NGRAM")
+                             kv_bytes=kv_bytes, page_size=k["page_size"],
+                             draft=KNOBS["speculative_algorithm"].meaning(k["speculative_algorithm"]).draft_model)
     if k["max_running_requests"] is None:
         k["max_running_requests"] = int(min(max(cap / model.context_len * 512, 2048), 4096, cap // 2))
     else:

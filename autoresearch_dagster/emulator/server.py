@@ -29,7 +29,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from autoresearch_dagster.emulator.catalog import gpu, model_card
-from autoresearch_dagster.emulator.core import EngineCore
+from autoresearch_dagster.emulator.core import EngineCore, emulator_version
 from autoresearch_dagster.emulator.openai_protocol import (
     GenRequest, RequestError, ResponseWriter, TextPieces, error_body, output_length, parse_request, text_seed, usage,
 )
@@ -38,7 +38,6 @@ from autoresearch_dagster.emulator.prometheus import (
     E2E_BUCKETS, ITL_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram, exposition, render_scalar,
 )
 from autoresearch_dagster.emulator.realtime import RealtimeDriver, TokenStream
-from autoresearch_dagster.engines.emulator import emulator_version
 from autoresearch_dagster.spec import EndpointSpec, validate_server_config
 
 try:

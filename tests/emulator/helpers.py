@@ -6,7 +6,8 @@ from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.workloads import WorkloadShape, synthetic_pool
 from autoresearch_dagster.engines.emulator import EmulatorEngine
-from autoresearch_dagster.measure.capacity import CapacitySettings, find_capacity
+from autoresearch_dagster.measure.capacity import find_capacity
+from autoresearch_dagster.measure.profiles import CapacitySettings
 from autoresearch_dagster.spec import SLA, EndpointSpec
 
 QUIET = NoiseSettings.off()

@@ -136,6 +136,19 @@ def test_speculative_decoding_caps_running_requests_at_48_by_default():
     assert core({}).knobs["max_running_requests"] > 48
 
 
+def test_mixed_chunks_run_under_speculative_algorithms_that_support_them():
+    # SGLang keeps mixed chunks under EAGLE (a mixed step decodes one token per running request) and
+    # turns them off under NGRAM; the emulator once turned them off under every algorithm
+    work = lambda: reqs(24, 3000, 60, every=0.05, prefix="m")  # noqa: E731
+    eagle = simulate(core({"speculative_algorithm": "EAGLE", "enable_mixed_chunk": True, "chunked_prefill_size": 1024},
+                          model="llama-3.1-8b", gpu_name="H100"), work())
+    ngram = simulate(core({"speculative_algorithm": "NGRAM", "enable_mixed_chunk": True, "chunked_prefill_size": 1024},
+                          model="llama-3.1-8b", gpu_name="H100"), work())
+    assert eagle.final_metrics["sglang:mixed_steps_total"] > 0 and eagle.final_metrics["sglang:spec_verify_calls_total"] > 0
+    assert ngram.final_metrics["sglang:mixed_steps_total"] == 0
+    assert all(r.output_tokens == 60 == r.token_counts.sum() for r in eagle.requests)  # every step counted
+
+
 # ------------------------------------------------------------------ quantization
 
 def test_fp8_weights_raise_capacity():

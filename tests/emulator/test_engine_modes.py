@@ -1,15 +1,11 @@
-"""EmulatorEngine: the HTTP mode serves real streaming responses the runner measures; the grid search."""
+"""EmulatorEngine: the HTTP mode serves real streaming responses the runner measures."""
 from __future__ import annotations
 
-import json
-
-from autoresearch_dagster.experiments.grid import GridSettings, grid_points, run_grid, write_grid
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.engines.emulator import EmulatorEngine
 from autoresearch_dagster.loadgen.records import ScheduledRequest
-from autoresearch_dagster.pool.schema import write_pool
 
-from .helpers import endpoint, pool
+from .helpers import endpoint
 
 
 def test_http_mode_streams_through_the_runner():
@@ -28,16 +24,3 @@ def test_http_mode_streams_through_the_runner():
     finally:
         dep.close()
 
-
-def test_grid_measures_default_and_every_point(tmp_path):
-    ep = endpoint(sla="ttft_p99<=3000ms,tpot_p99<=40ms")
-    pool_path = write_pool(pool(n=300, prompt_median=1500, output_median=120, seed=13).requests, tmp_path / "pool")
-    grid = {"quantization": (None, "fp8")}
-    assert grid_points(grid) == [{}, {"quantization": "fp8"}]
-    res = run_grid(ep, pool_path, grid=grid, settings=GridSettings(step_duration_s=30, min_completed=60, workers=1))
-    assert res.default["config"] == {} and len(res.points) == 2
-    assert res.best["config"] == {"quantization": "fp8"} and res.best["lossy"]
-    assert res.best_lossless["config"] == {}
-    assert res.ratio > 1.1
-    data = json.loads(write_grid(res, tmp_path / "out").read_text())
-    assert set(data) >= {"default", "best", "points"} and data["best"]["capacity_rps"] == res.best["capacity_rps"]

@@ -5,7 +5,8 @@ import numpy as np
 
 from autoresearch_dagster.emulator.noise import NoiseSettings, NoiseSource
 from autoresearch_dagster.engines.emulator import EmulatorEngine
-from autoresearch_dagster.measure.capacity import CapacitySettings, find_capacity
+from autoresearch_dagster.measure.capacity import find_capacity
+from autoresearch_dagster.measure.profiles import CapacitySettings
 from autoresearch_dagster.spec import SLA
 
 from .helpers import endpoint, pool
