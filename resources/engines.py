@@ -3,6 +3,7 @@
 from typing import Any
 
 import dagster as dg
+from pydantic import model_validator
 
 from autoresearch_dagster.spec import EndpointSpec
 
@@ -23,44 +24,52 @@ class EngineFactory(dg.ConfigurableResource):
 
 
 class MeasurementSettings(dg.ConfigurableResource):
-    """How much measuring each step does; ``quick()`` is the reduced-but-honest demo profile."""
+    """How much measuring each run and round does: a named profile (``measure.profiles``: standard,
+    quick = ``make run``'s, short) with any field overridden; unset fields take the profile's values."""
 
-    step_duration_s: float = 60.0
-    min_completed: int = 100
-    warmup_s: float = 10.0
-    start_rps: float = 1.0
-    growth: float = 2.0
-    resolution: float = 0.05
-    max_steps: int = 20
-    hold_e2e_multiple: float = 0.0  # > 0: steps held >= 1.25 x this many mean E2E (steady state; see docs/runner.md)
-    noise_runs: int = 5
-    initial_runs_per_arm: int = 5
-    max_runs_per_arm: int = 20
-    experiments_per_round: int = 1
-    quick_diagnosis: bool = False
+    profile: str = "standard"
+    step_duration_s: float | None = None
+    min_completed: int | None = None
+    warmup_s: float | None = None
+    start_rps: float | None = None
+    growth: float | None = None
+    resolution: float | None = None
+    max_steps: int | None = None
+    request_timeout_s: float | None = None
+    hold_e2e_multiple: float | None = None  # > 0: steps held >= 1.25 x this many mean E2E (see docs/runner.md)
+    noise_runs: int | None = None
+    initial_runs_per_arm: int | None = None
+    max_runs_per_arm: int | None = None
+    experiments_per_round: int | None = None
+    quick_diagnosis: bool | None = None
     diagnosis_probes: bool = True
     seed: int = 0
 
+    @model_validator(mode="before")
     @classmethod
-    def quick(cls) -> "MeasurementSettings":
-        """The demo profile: the same load steps as the standard one (shorter steps make p99 judge
-        on too few requests and the capacity search wanders) held to their steady state (10x the
-        mean E2E: fixed 60 s holds on the demo end mid-fill and report ~20 req/s where ~17 is
-        sustained), the statistical minimum of 5 runs per arm without escalating to 10/20, one
-        experiment per round and the quick diagnosis."""
-        return cls(noise_runs=5, initial_runs_per_arm=5, max_runs_per_arm=5, experiments_per_round=1,
-                   quick_diagnosis=True, hold_e2e_multiple=10.0)
+    def _from_profile(cls, data: Any) -> Any:
+        """Fill every unset field from the named profile, so assets read plain values."""
+        if not isinstance(data, dict):
+            return data
+        from autoresearch_dagster.measure.profiles import measurement_profile
+
+        flat = measurement_profile(data.get("profile") or "standard").flat()
+        names = set(cls.model_fields)
+        return {**{k: v for k, v in flat.items() if k in names}, **{k: v for k, v in data.items() if v is not None}}
+
+    def measurement_profile(self) -> Any:
+        """The profile with this resource's values (a ``measure.profiles.MeasurementProfile``)."""
+        from autoresearch_dagster.measure.profiles import measurement_profile
+
+        values = {k: getattr(self, k) for k in type(self).model_fields if k not in ("profile", "diagnosis_probes",
+                                                                                   "seed")}
+        return measurement_profile(self.profile).with_overrides(**values)
 
     def capacity(self) -> Any:
-        from autoresearch_dagster.measure.capacity import CapacitySettings
-
-        return CapacitySettings(step_duration_s=self.step_duration_s, min_completed=self.min_completed,
-                                start_rps=self.start_rps, growth=self.growth, resolution=self.resolution,
-                                warmup_s=self.warmup_s, max_steps=self.max_steps,
-                                hold_e2e_multiple=self.hold_e2e_multiple)
+        return self.measurement_profile().capacity
 
     def harness(self) -> Any:
-        from autoresearch_dagster.experiments.harness import HarnessSettings
+        from autoresearch_dagster.experiments.runs import HarnessSettings
 
         return HarnessSettings(capacity=self.capacity(), seed=self.seed)
 

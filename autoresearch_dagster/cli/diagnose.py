@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from autoresearch_dagster.measure.profiles import PROFILES
 from autoresearch_dagster.spec import SpecError, load_endpoint
 
 
@@ -18,7 +19,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--endpoint", required=True, help="endpoint spec YAML")
     p.add_argument("--pool", help="replay pool directory or parquet (default: build one from the spec's logs)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--quick", action="store_true", help="short load steps and only the quick probes")
+    p.add_argument("--measure", choices=sorted(PROFILES), default="standard",
+                   help="measurement profile (measure/profiles.py): standard (default); short: short load steps "
+                        "and only the quick probes; quick: make run's steady-state steps and the quick probes")
     p.add_argument("--no-probes", action="store_true", help="skip the diagnostic probes")
     p.add_argument("--no-profile", action="store_true", help="skip profiling the diagnostic step")
     p.add_argument("--probes-dir", action="append", default=[], help="extra folder of probe recipes (repeatable)")
@@ -51,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
         pool = read_pool(built.pool_path)
         print(f"built replay pool {built.pool_path} ({len(pool)} requests)")
     engine = make_engine(spec, engine=args.engine)
-    report = diagnose(spec, pool, engine=engine, config=dict(spec.server_config), out_dir=out, quick=args.quick,
+    report = diagnose(spec, pool, engine=engine, config=dict(spec.server_config), out_dir=out, measurement=args.measure,
                       probes=not args.no_probes, profile=not args.no_profile,
                       probe_dirs=[Path(d) for d in args.probes_dir],
                       memory_path=Path(args.memory) if args.memory else None, seed=args.seed,

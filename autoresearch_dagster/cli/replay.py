@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from autoresearch_dagster.measure.profiles import PROFILES, REQUEST_TIMEOUT_S
 from autoresearch_dagster.spec import SLA, SpecError, load_endpoint
 
 
@@ -31,7 +32,8 @@ def register(subparsers: Any) -> None:
         sp.add_argument("--model", help="model name to send (default: endpoint spec's, else GET /v1/models)")
         sp.add_argument("--gpus", type=int, help="GPUs behind the endpoint (default: spec's hardware.count, else 1)")
         sp.add_argument("--workers", type=int, default=1, help="client worker processes (default 1)")
-        sp.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds (default 120)")
+        sp.add_argument("--timeout", type=float,
+                        help=f"per-request timeout in seconds (default {REQUEST_TIMEOUT_S:g}, every profile's)")
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--api-key-env", help="environment variable holding a Bearer API key")
         sp.add_argument("--max-send-lag-ms", type=float, default=10.0,
@@ -40,18 +42,19 @@ def register(subparsers: Any) -> None:
 
     cap = sub.add_parser("capacity", help="highest sustained arrival rate meeting the SLA (grow + bisect)")
     common(cap)
-    cap.add_argument("--step-duration", type=float, default=60.0, help="seconds each load step is held (default 60)")
-    cap.add_argument("--min-completed", type=int, default=100, help="completed requests a step needs (default 100)")
-    cap.add_argument("--hold-e2e-multiple", type=float, default=0.0,
+    cap.add_argument("--measure", choices=sorted(PROFILES), default="standard",
+                     help="measurement profile (measure/profiles.py; default standard); the flags below override it")
+    cap.add_argument("--step-duration", type=float, help="seconds each load step is held (standard 60)")
+    cap.add_argument("--min-completed", type=int, help="completed requests a step needs (standard 100)")
+    cap.add_argument("--hold-e2e-multiple", type=float,
                      help="hold each step at least this many mean E2E latencies of the passing steps so far "
-                          "(methods.md asks for 10; default 0 = fixed --step-duration)")
-    cap.add_argument("--resolution", type=float, default=0.05, help="relative resolution of the search (default 0.05)")
-    cap.add_argument("--burstiness", type=float, default=1.0,
-                     help="gamma shape of inter-arrivals: 1 Poisson, <1 burstier (default 1)")
-    cap.add_argument("--start-rps", type=float, default=1.0, help="first step's rate (default 1)")
-    cap.add_argument("--growth", type=float, default=2.0, help="rate multiplier while growing (default 2)")
-    cap.add_argument("--warmup", type=float, default=10.0, help="warm-up seconds before the first step (default 10)")
-    cap.add_argument("--max-steps", type=int, default=20)
+                          "(methods.md asks for 10; standard 0 = fixed --step-duration, quick 10)")
+    cap.add_argument("--resolution", type=float, help="relative resolution of the search (standard 0.05)")
+    cap.add_argument("--burstiness", type=float, help="gamma shape of inter-arrivals: 1 Poisson, <1 burstier (default 1)")
+    cap.add_argument("--start-rps", type=float, help="first step's rate (default 1)")
+    cap.add_argument("--growth", type=float, help="rate multiplier while growing (default 2)")
+    cap.add_argument("--warmup", type=float, help="warm-up seconds before the first step (standard 10)")
+    cap.add_argument("--max-steps", type=int, help="load steps at most (standard 20)")
     cap.set_defaults(func=_capacity)
 
     shp = sub.add_parser("shape", help="production-shaped replay at a speed-up, or search the replay capacity")
@@ -118,29 +121,31 @@ def _pool(path: str):
 
 
 def _capacity(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.loadgen import outputs
-    from autoresearch_dagster.measure.capacity import CapacitySettings, find_capacity
+    from autoresearch_dagster.measure.capacity import find_capacity
+    from autoresearch_dagster.measure.profiles import measurement_profile
+    from autoresearch_dagster.outputs import files, plots
+    from autoresearch_dagster.outputs.console import ConsoleProgress
 
     pool = _pool(args.pool)
     out = Path(args.out)
-    settings = CapacitySettings(step_duration_s=args.step_duration, min_completed=args.min_completed,
-                                start_rps=args.start_rps, growth=args.growth, resolution=args.resolution,
-                                warmup_s=args.warmup, burstiness=args.burstiness, max_steps=args.max_steps,
-                                request_timeout_s=args.timeout, flush_cache=not args.no_flush,
-                                hold_e2e_multiple=args.hold_e2e_multiple)
+    settings = measurement_profile(args.measure).with_overrides(
+        step_duration_s=args.step_duration, min_completed=args.min_completed, start_rps=args.start_rps,
+        growth=args.growth, resolution=args.resolution, warmup_s=args.warmup, burstiness=args.burstiness,
+        max_steps=args.max_steps, request_timeout_s=args.timeout, flush_cache=not args.no_flush,
+        hold_e2e_multiple=args.hold_e2e_multiple).capacity
     dep, sla, gpus, model, close = _target(args)
     try:
         result = find_capacity(dep, pool, sla, gpus=gpus, model=model, settings=settings, seed=args.seed,
-                               progress=outputs.ConsoleProgress())
+                               progress=ConsoleProgress())
     finally:
         close()
     summary = {**result.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash,
                "target": args.url or args.endpoint, "engine": args.engine or ("external" if args.url else "emulator"),
                "model": model, "gpus": gpus}
-    outputs.write_records(result.outcomes, out / "records.parquet")
-    outputs.write_load_curve(summary["steps"], out)
-    outputs.plot_load_curve(summary["steps"], out / "load_curve.png", capacity=result.capacity_rps, sla=str(sla))
-    outputs.write_summary(summary, out / "summary.json")
+    files.write_records(result.outcomes, out / "records.parquet")
+    files.write_load_curve(summary["steps"], out)
+    plots.plot_load_curve([(summary["steps"], result.capacity_rps)], out / "load_curve.png", sla=sla)
+    files.write_json(out / "summary.json", summary)
     state = "valid" if result.valid else "INVALID: " + "; ".join(result.invalid_reasons)
     print(f"capacity {result.capacity_rps:.4g} req/s ({result.capacity_rps_per_gpu:.4g} per GPU) at {sla} "
           f"in {summary['n_steps']} steps; {state}; outputs in {out}")
@@ -150,28 +155,30 @@ def _capacity(args: argparse.Namespace) -> int:
 
 
 def _shape(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.loadgen import outputs
-    from autoresearch_dagster.measure.capacity import run_shape
+    from autoresearch_dagster.measure.shape import run_shape
+    from autoresearch_dagster.outputs import files, plots
+    from autoresearch_dagster.outputs.console import ConsoleProgress
 
     pool = _pool(args.pool)
     out = Path(args.out)
     dep, sla, gpus, model, close = _target(args)
     try:
         result = run_shape(dep, pool, sla, gpus=gpus, model=model, speedup=args.speedup, search=args.search,
-                           interval_s=args.interval, seed=args.seed, request_timeout_s=args.timeout,
+                           interval_s=args.interval, seed=args.seed,
+                           request_timeout_s=args.timeout or REQUEST_TIMEOUT_S,
                            resolution=args.resolution, max_steps=args.max_steps, flush_cache=not args.no_flush,
-                           progress=outputs.ConsoleProgress(unit="speedup"))
+                           progress=ConsoleProgress(unit="speedup"))
     finally:
         close()
     summary = {**result.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash,
                "target": args.url or args.endpoint, "model": model, "gpus": gpus}
-    outputs.write_records(result.outcomes, out / "records.parquet")
-    outputs.write_load_curve(summary["steps"], out)
-    outputs.write_intervals(result.intervals, out)
-    outputs.plot_load_curve(summary["steps"], out / "load_curve.png", capacity=result.replay_capacity,
-                            sla=str(sla), x_label="speed-up", title="Production-shape replay")
-    outputs.plot_intervals(result.intervals, out / "intervals.png", sla=str(sla), speedup=result.speedup)
-    outputs.write_summary(summary, out / "summary.json")
+    files.write_records(result.outcomes, out / "records.parquet")
+    files.write_load_curve(summary["steps"], out)
+    files.write_intervals(result.intervals, out)
+    plots.plot_load_curve([(summary["steps"], result.replay_capacity)], out / "load_curve.png", sla=sla,
+                          speedup=True, title="Production-shape replay")
+    plots.plot_intervals(result.intervals, out / "intervals.png", sla=sla, speedup=result.speedup)
+    files.write_json(out / "summary.json", summary)
     ok = sum(1 for i in result.intervals if i["meets_sla"])
     judged = sum(1 for i in result.intervals if i["meets_sla"] is not None)
     cap = f"replay capacity x{result.replay_capacity:.3g}; " if result.replay_capacity is not None else ""

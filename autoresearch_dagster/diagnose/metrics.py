@@ -1,4 +1,4 @@
-"""Owns engine-metric analysis: the Prometheus text parser (SGLang names) and the time-series summary.
+"""Owns engine-metric analysis: the time-series summary of SGLang's metrics (``loadgen.prometheus`` reads them).
 
 Input is either scraped ``/metrics`` snapshots (SGLang or the emulator's HTTP server) or the
 in-process ``StepOutcome.engine_timeseries`` dicts, which use the same metric names. The summary
@@ -9,83 +9,14 @@ speculative drafts, and how often the decode batch exceeds the CUDA-graph max ba
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 import numpy as np
 
-PREFIX = "sglang:"
-# Gauges that are per-rank ratios: averaged over label sets, not summed.
-_RATIO_GAUGES = {"token_usage", "cache_hit_rate", "spec_accept_length", "spec_accept_rate", "utilization",
-                 "new_token_ratio", "full_token_usage", "swa_token_usage", "fwd_occupancy", "gen_throughput"}
+from autoresearch_dagster.loadgen.prometheus import PREFIX, snapshot
+
 _TIME_KEYS = ("t", "time_s", "timestamp", "ts")
-
-_LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*$')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?\s*')
-
-
-class MetricsError(ValueError):
-    """Unparseable metrics text; the message names the line."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    labels: tuple[tuple[str, str], ...]
-    value: float
-
-
-def _unescape(v: str) -> str:
-    return v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-
-
-def parse_prometheus(text: str) -> list[Sample]:
-    """Samples of a Prometheus text exposition (0.0.4); comments and blank lines are skipped."""
-    out: list[Sample] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            raise MetricsError(f"metrics line {lineno} is not a Prometheus sample: {raw[:120]!r}")
-        labels: list[tuple[str, str]] = []
-        if m.group("labels"):
-            body = m.group("labels").strip()
-            pos = 0
-            while pos < len(body):
-                lm = _LABEL.match(body, pos)
-                if not lm:
-                    raise MetricsError(f"metrics line {lineno} has malformed labels: {raw[:120]!r}")
-                labels.append((lm.group(1), _unescape(lm.group(2))))
-                pos = lm.end()
-        v = m.group("value")
-        try:
-            value = float({"+Inf": "inf", "-Inf": "-inf", "NaN": "nan"}.get(v, v))
-        except ValueError:
-            raise MetricsError(f"metrics line {lineno} has a non-numeric value {v!r}") from None
-        out.append(Sample(m.group("name"), tuple(sorted(labels)), value))
-    return out
-
-
-def snapshot(text: str) -> dict[str, float]:
-    """One flat reading per metric name: counters/gauges summed over label sets (ratios averaged),
-    histograms as ``name_sum``/``name_count``, plus ``name{label=value}`` for labelled counters."""
-    acc: dict[str, list[float]] = {}
-    for s in parse_prometheus(text):
-        if s.name.endswith("_bucket"):
-            continue
-        acc.setdefault(s.name, []).append(s.value)
-        extra = [(k, v) for k, v in s.labels if k in ("cache_source", "mode", "category", "stage")]
-        if extra:
-            key = s.name + "{" + ",".join(f'{k}="{v}"' for k, v in extra) + "}"
-            acc.setdefault(key, []).append(s.value)
-    out: dict[str, float] = {}
-    for name, vals in acc.items():
-        base = name.split("{")[0].removeprefix(PREFIX)
-        out[name] = float(np.mean(vals)) if base in _RATIO_GAUGES else float(np.sum(vals))
-    return out
 
 
 def _norm(sample: dict[str, Any]) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 A probe is a one-variable workload derived from the replay pool (longer prompts, longer outputs,
 shared or unique prefixes, injected long prompts, bursty arrivals, rising load), run through the
-runner's own path (``build_schedule`` → ``Deployment.run_step`` → ``summarize_step``), and reduced
+runner's own step (``measure.step.poisson_step``, with the profile's request timeout), and reduced
 to one number (an elasticity, a ratio or a difference between variants). Recipes are YAML files,
 one per probe, read from this package's ``probes/`` folder and from user folders
 (``AUTORESEARCH_PROBES_DIR`` or ``extra_dirs``); a recipe's ``supports:`` list says which
@@ -15,7 +15,6 @@ import json
 import math
 import os
 import random
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +22,9 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from autoresearch_dagster.diagnose.metrics import analyze_timeseries, snapshot
+from autoresearch_dagster.diagnose.metrics import analyze_timeseries
+from autoresearch_dagster.loadgen.prometheus import snapshot
+from autoresearch_dagster.outputs.files import atomic_write_text
 from autoresearch_dagster.spec import SLA, SpecError
 from autoresearch_dagster.tokens import block_hashes, count_tokens, render_prompt, synth_text
 
@@ -284,20 +285,12 @@ def _itl_max_pcts(records: list[Any]) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(worst, q)) for q in (50, 90, 99)}
 
 
-def _asdict(obj: Any) -> dict[str, Any]:
-    if isinstance(obj, dict):
-        return obj
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    return asdict(obj)
-
-
 def run_probe(recipe: ProbeRecipe, pool: Any, deployment: Any, *, sla: SLA, model: str,
-              capacity_rps: float | None, work_dir: Path, seed: int = 0,
+              capacity_rps: float | None, work_dir: Path, request_timeout_s: float, seed: int = 0,
               resolved_config: dict | None = None, max_requests: int | None = None) -> ProbeResult:
-    """Run every variant of a recipe through the runner and reduce it to the recipe's signal."""
-    from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
-    from autoresearch_dagster.measure.capacity import summarize_step
+    """Run every variant of a recipe through the runner (``poisson_step``, the profile's request timeout)
+    and reduce it to the recipe's signal."""
+    from autoresearch_dagster.measure.step import poisson_step
     from autoresearch_dagster.pool.schema import read_pool, write_pool
 
     base = list(pool.iter_requests("serving"))
@@ -318,16 +311,12 @@ def run_probe(recipe: ProbeRecipe, pool: Any, deployment: Any, *, sla: SLA, mode
             rate = float(load["rate_fraction"]) * capacity_rps
         else:
             rate = float(load.get("rate_rps", 1.0))
-        duration = n_req / rate
-        offsets = poisson_offsets(rate, duration, seed=seed + i, burstiness=float(load.get("burstiness", 1.0)))
-        if not offsets:
-            offsets = [0.0]
-        schedule = build_schedule(vpool, offsets, model=model, seed=seed + i)
         deployment.flush_cache()
         before = deployment.metrics_text()
-        outcome = deployment.run_step(schedule, step_id=f"probe-{recipe.name}-{v['name']}",
-                                      timeout_s=max(120.0, 4.0 * duration + 120.0))
-        step = _asdict(summarize_step(outcome, sla, rate_rps=rate))
+        run = poisson_step(deployment, vpool, sla, rate_rps=rate, duration_s=n_req / rate, model=model, seed=seed + i,
+                           step_id=f"probe-{recipe.name}-{v['name']}", request_timeout_s=request_timeout_s,
+                           burstiness=float(load.get("burstiness", 1.0)))
+        outcome, schedule, step = run.outcome, run.schedule, run.step.to_dict()
         series = list(outcome.engine_timeseries or [])
         if before:  # anchor the counters at the step start (in-run samples begin one interval late)
             series.insert(0, {"t": 0.0, **{k: v for k, v in snapshot(before).items() if k.endswith("_total")}})
@@ -388,10 +377,7 @@ def record_probe_use(memory_path: Path, endpoint: str, traits: dict[str, Any], r
                          "supports_fired": r.supports_fired,
                          "useful_for": [b for b in r.supports_fired if b in top_bottlenecks],
                          "engine_version": engine_version}, sort_keys=True) for r in results]
-    fd, tmp = tempfile.mkstemp(dir=memory_path.parent, prefix=".probes.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(old + "".join(line + "\n" for line in lines))
-    os.replace(tmp, memory_path)
+    atomic_write_text(memory_path, old + "".join(line + "\n" for line in lines))
 
 
 def useful_probes(memory_path: Path | None, traits: dict[str, Any]) -> list[str]:

@@ -3,18 +3,15 @@ ranked hypotheses, and the JSON / markdown renderings.
 
 ``diagnose`` is the one entry point (the CLI and the Dagster asset both call it). Every measurement
 goes through the runner: ``find_capacity`` for the load curve, then one diagnostic step at the rate
-where the SLA broke (``build_schedule`` → ``Deployment.run_step`` → ``summarize_step``), profiled,
+where the SLA broke (``measure.step.poisson_step``, the search's own step and timeout), profiled,
 whose engine time series feeds the metrics analysis; probes run the same way.
 """
 from __future__ import annotations
 
 import base64
-import json
-import os
 import re
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,15 +20,16 @@ import numpy as np
 from autoresearch_dagster.diagnose import plots
 from autoresearch_dagster.diagnose.curve import CurveAnalysis, analyze_curve
 from autoresearch_dagster.diagnose.hypotheses import Hypothesis, probe_signals, score
-from autoresearch_dagster.diagnose.metrics import EngineStats, analyze_timeseries, snapshot
+from autoresearch_dagster.diagnose.metrics import EngineStats, analyze_timeseries
 from autoresearch_dagster.diagnose.probes import (ProbeResult, endpoint_traits, load_recipes, record_probe_use,
                                                   run_probe, useful_probes)
 from autoresearch_dagster.diagnose.profile import ProfileError, ProfileSummary, parse_profile
+from autoresearch_dagster.loadgen.prometheus import snapshot
+from autoresearch_dagster.measure.profiles import MeasurementProfile, measurement_profile
 from autoresearch_dagster.pool.workload import WorkloadStats, prefix_reuse, workload_stats
-from autoresearch_dagster.outputs.files import json_finite
+from autoresearch_dagster.outputs.files import atomic_write_text, write_json
+from autoresearch_dagster.outputs.plots import plot_load_curve
 from autoresearch_dagster.spec import KNOBS, EndpointSpec, config_hash
-
-FP8_QUANT = {"fp8", "w8a8_fp8", "modelopt_fp8", "mxfp8"}
 
 
 @dataclass
@@ -78,7 +76,8 @@ class DiagnosticReport:
         m = self.meta
         lines.append(f"Config `{config_hash(self.config)}` ({_cfg_text(self.config)}); engine {m.get('engine', '?')} "
                      f"{m.get('engine_version', '')}; {m.get('n_requests', '?')} pool requests; "
-                     f"{'quick' if m.get('quick') else 'full'} run, {m.get('wall_s', 0):.1f} s.")
+                     f"measurement profile {m.get('measurement', '?')} ({'quick' if m.get('quick') else 'full'} "
+                     f"diagnosis), {m.get('wall_s', 0):.1f} s.")
         lines += ["", "## Ranked bottleneck hypotheses", "",
                   "| # | bottleneck | direction | score | knobs to try |", "|---|---|---|---|---|"]
         for i, h in enumerate(self.hypotheses[:top], 1):
@@ -104,26 +103,9 @@ class DiagnosticReport:
     def write(self, out_dir: Path) -> tuple[Path, Path]:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        md = _atomic_write(out_dir / "report.md", self.to_markdown())
-        js = _atomic_write(out_dir / "report.json",
-                           json.dumps(json_finite(self.to_json()), indent=2, default=_json_default, allow_nan=False))
+        md = atomic_write_text(out_dir / "report.md", self.to_markdown())
+        js = write_json(out_dir / "report.json", self.to_json())
         return md, js
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return json_finite(o.item())
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"cannot serialize {type(o).__name__}")
-
-
-def _atomic_write(path: Path, text: str) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
 
 
 def _num(v: Any) -> str:
@@ -207,7 +189,8 @@ def collect_features(w: WorkloadStats, c: CurveAnalysis | None, m: EngineStats |
         put("p.decode_stall_ratio", p.decode_stall_ratio if p.prefill_interrupts_decode else 0.0, where)
         put("p.launch_gap_share", p.launch_gap_share, where)
     put("cfg.speculative", 1.0 if resolved.get("speculative_algorithm") else 0.0, "resolved server config")
-    put("cfg.fp8", 1.0 if resolved.get("quantization") in FP8_QUANT else 0.0, "resolved server config")
+    put("cfg.fp8", 1.0 if KNOBS["quantization"].meaning(resolved.get("quantization")).fp8 else 0.0,
+        "resolved server config")
     for k, v in probe_feats.items():
         put(k, v, "probe " + k.split(".")[1])
     # where the derived features (hypotheses.derive_features) come from
@@ -282,42 +265,30 @@ def build_findings(w: WorkloadStats, c: CurveAnalysis | None, m: EngineStats | N
 # ---------------------------------------------------------------- the run
 
 
-def _capacity_settings(quick: bool, workload: WorkloadStats) -> Any:
-    from autoresearch_dagster.measure.capacity import CapacitySettings
-
+def _pool_burstiness(workload: WorkloadStats) -> float:
+    """The pool's own burstiness as a gamma shape (1/CV²; 1 = Poisson): bursts move the knee."""
     cv = workload.interarrival_cv or 1.0
-    # Replay the pool's own burstiness (gamma shape 1/CV²): bursts move the knee.
-    burst = float(min(1.0, max(0.05, 1.0 / cv ** 2))) if cv > 1.2 else 1.0
-    # Steps hold well past min_completed / rate: a Poisson step short of completions is invalid, and the
-    # search would read that as a failure.
-    if quick:
-        return CapacitySettings(step_duration_s=40.0, min_completed=25, warmup_s=0.0, resolution=0.15,
-                                max_steps=10, burstiness=burst)
-    return CapacitySettings(step_duration_s=90.0, min_completed=60, warmup_s=5.0, resolution=0.08,
-                            max_steps=14, burstiness=burst)
+    return float(min(1.0, max(0.05, 1.0 / cv ** 2))) if cv > 1.2 else 1.0
 
 
-def _run_at(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
-            seed: int, step_id: str, start_index: int = 0) -> tuple[Any, list[Any]]:
-    from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
+def _run_at(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, settings: Any,
+            seed: int, step_id: str, start_index: int = 0) -> Any:
+    """``n_requests`` (on average) at ``rate`` with the profile's burstiness and request timeout, cache flushed."""
+    from autoresearch_dagster.measure.step import poisson_step
 
-    duration = max(n_requests / rate, 1.0)
-    offsets = poisson_offsets(rate, duration, seed=seed, burstiness=burstiness) or [0.0]
-    sched = build_schedule(pool, offsets, model=endpoint.model, seed=seed, start_index=start_index)
-    dep.flush_cache()
-    return dep.run_step(sched, step_id=step_id, timeout_s=max(120.0, 4 * duration + 120)), sched
+    return poisson_step(dep, pool, endpoint.sla, rate_rps=rate, duration_s=max(n_requests / rate, 1.0),
+                        model=endpoint.model, seed=seed, step_id=step_id, request_timeout_s=settings.request_timeout_s,
+                        burstiness=settings.burstiness, start_index=start_index, flush_cache=True)
 
 
-def _diagnostic_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
+def _diagnostic_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, settings: Any,
                      seed: int) -> tuple[Any, list[Any], list[dict]]:
     """One load step at the rate where the SLA broke; its engine time series (or bracketing scrapes)."""
-    from autoresearch_dagster.measure.capacity import summarize_step
-
     before = dep.metrics_text()
-    outcome, sched = _run_at(dep, pool, endpoint, rate, n_requests, burstiness=burstiness, seed=seed + 7919,
-                             step_id=f"diagnose-{rate:.4g}rps")
+    run = _run_at(dep, pool, endpoint, rate, n_requests, settings=settings, seed=seed + 7919,
+                  step_id=f"diagnose-{rate:.4g}rps")
     after = dep.metrics_text()
-    step = summarize_step(outcome, endpoint.sla, rate_rps=rate)
+    outcome, sched, step = run.outcome, run.schedule, run.step
     # The scrape before the step anchors the counters (in-run samples start a sampling interval late);
     # engines without in-run samples get the two bracketing scrapes.
     series = list(outcome.engine_timeseries or [])
@@ -333,24 +304,24 @@ def _counters(snap: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in snap.items() if k.endswith("_total")}
 
 
-def _profiled_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
+def _profiled_step(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, settings: Any,
                    seed: int, profile_dir: Path) -> list[str]:
     """A short step under the profiler (profiles grow with every kernel launched, so keep it small)."""
     profile_dir.mkdir(parents=True, exist_ok=True)
     dep.start_profile(str(profile_dir))
     try:
-        _run_at(dep, pool, endpoint, rate, n_requests, burstiness=burstiness, seed=seed + 104729,
+        _run_at(dep, pool, endpoint, rate, n_requests, settings=settings, seed=seed + 104729,
                 step_id=f"profile-{rate:.4g}rps", start_index=n_requests)
     finally:
         files = list(dep.stop_profile() or [])
     return files
 
 
-def _profile(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, burstiness: float,
+def _profile(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_requests: int, *, settings: Any,
              seed: int, profile_dir: Path, say: Callable[[str], None]) -> tuple[ProfileSummary | None, str | None]:
     """(summary, None), or (None, why not): an endpoint without a profiler still gets the other evidence."""
     try:
-        files = _profiled_step(dep, pool, endpoint, rate, n_requests, burstiness=burstiness, seed=seed,
+        files = _profiled_step(dep, pool, endpoint, rate, n_requests, settings=settings, seed=seed,
                                profile_dir=profile_dir)
     except RuntimeError as e:  # EngineError, or the HTTP runner refusing /start_profile
         say(f"profile unavailable: {e}")
@@ -365,12 +336,15 @@ def _profile(dep: Any, pool: Any, endpoint: EndpointSpec, rate: float, n_request
 
 
 def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str, Any], out_dir: Path,
-             capacity: Any = None, probes: bool = True, profile: bool = True, quick: bool = False,
-             settings: Any = None, probe_dirs: list[Path] | None = None, memory_path: Path | None = None,
-             seed: int = 0, progress: Callable[[str], None] | None = None) -> DiagnosticReport:
+             capacity: Any = None, probes: bool = True, profile: bool = True,
+             measurement: str | MeasurementProfile = "standard", probe_dirs: list[Path] | None = None,
+             memory_path: Path | None = None, seed: int = 0,
+             progress: Callable[[str], None] | None = None) -> DiagnosticReport:
     """Measure the endpoint under its pool and explain where and why it breaks.
 
     ``capacity``: an existing ``CapacityResult`` (or its dict) to reuse instead of searching again.
+    ``measurement``: the measurement profile (or its name): its load steps, request timeout and
+    diagnosis depth; the steps replay the pool's own burstiness.
     ``memory_path``: a JSONL file where probe usefulness is appended (and read to pick quick probes).
     """
     from autoresearch_dagster.measure.capacity import find_capacity
@@ -383,7 +357,9 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
     w = workload_stats(reqs)
     pool_where = f"replay pool {getattr(pool, 'path', '<memory>')} ({len(reqs)} serving requests)"
     say(f"workload: {len(reqs)} requests, prefix hit rate {w.prefix_hit_rate:.2f}, CV {w.interarrival_cv}")
-    settings = settings or _capacity_settings(quick, w)
+    plan = measurement_profile(measurement) if isinstance(measurement, str) else measurement
+    quick = plan.quick_diagnosis
+    settings = replace(plan.capacity, burstiness=_pool_burstiness(w))
     dep = engine.deploy(config, seed=seed)
     probe_results: list[ProbeResult] = []
     prof: ProfileSummary | None = None
@@ -397,15 +373,14 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
         cap = curve.capacity_rps or 0.0
         rate = curve.break_rps or (cap * 1.5 if cap > 0 else 1.0)
         say(f"capacity {cap:.3g} rps; diagnostic step at {rate:.3g} rps")
-        burst = getattr(settings, "burstiness", 1.0)
         n_diag = int(max(60, rate * 10)) if quick else int(max(150, rate * 30))
-        step, sched, series = _diagnostic_step(dep, pool, endpoint, rate, min(n_diag, 3000), burstiness=burst,
+        step, sched, series = _diagnostic_step(dep, pool, endpoint, rate, min(n_diag, 3000), settings=settings,
                                                seed=seed)
         engine_stats = analyze_timeseries(series, resolved)
         step_potential_hit = prefix_reuse(sched)[0]
         profile_note = "not requested"
         if profile:
-            prof, profile_note = _profile(dep, pool, endpoint, rate, 8 if quick else 16, burstiness=burst, seed=seed,
+            prof, profile_note = _profile(dep, pool, endpoint, rate, 8 if quick else 16, settings=settings, seed=seed,
                                           profile_dir=out_dir / "profile", say=say)
         if probes:
             recipes = load_recipes(probe_dirs)
@@ -417,7 +392,8 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
                 say(f"probe {r.name}")
                 probe_results.append(run_probe(r, pool, dep, sla=endpoint.sla, model=endpoint.model,
                                                capacity_rps=cap or None, work_dir=out_dir / "probes", seed=seed,
-                                               resolved_config=resolved, max_requests=40 if quick else None))
+                                               resolved_config=resolved, max_requests=40 if quick else None,
+                                               request_timeout_s=settings.request_timeout_s))
         version = engine.version() if hasattr(engine, "version") else ""
     finally:
         dep.close()
@@ -433,7 +409,8 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
                          [h.bottleneck for h in hyps[:2]], version)
     plot_paths: dict[str, str] = {}
     steps = list(getattr(capacity, "steps", None) or (capacity.get("steps", []) if isinstance(capacity, dict) else []))
-    for name, fn in (("curve", lambda p: plots.load_curve(steps, endpoint.sla, p)),
+    for name, fn in (("curve", lambda p: plot_load_curve([(steps, curve.capacity_rps)], p, sla=endpoint.sla,
+                                                         title="Load curve") if steps else None),
                      ("engine", lambda p: plots.engine_timeseries(series, p)),
                      ("profile", lambda p: plots.profile_breakdown(prof, p) if prof is not None else None),
                      ("hypotheses", lambda p: plots.hypotheses(hyps, p)),
@@ -446,7 +423,8 @@ def diagnose(endpoint: EndpointSpec, pool: Any, *, engine: Any, config: dict[str
                "diagnostic_step": _step_dict(step), "profile": prof.to_dict() if prof else None,
                "probes": [r.to_dict() for r in probe_results], "resolved_config": _jsonable(resolved),
                "capacity": capacity.to_dict() if hasattr(capacity, "to_dict") else capacity}
-    meta = {"engine": getattr(engine, "name", type(engine).__name__), "engine_version": version, "quick": quick,
+    meta = {"engine": getattr(engine, "name", type(engine).__name__), "engine_version": version,
+            "measurement": plan.name, "quick": quick,
             "n_requests": len(reqs), "wall_s": time.perf_counter() - t0, "seed": seed,
             "pool_hash": _safe_hash(pool), "profile": profile_note or "ok"}
     return DiagnosticReport(endpoint=endpoint.name, config=dict(config), hypotheses=hyps, findings=findings,

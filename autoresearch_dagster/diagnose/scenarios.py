@@ -160,8 +160,8 @@ class ScenarioResult:
     report: Any = None
 
 
-def run_scenario(s: Scenario, out_dir: Path, *, quick: bool = True, probes: bool = True, profile: bool = True,
-                 seed: int = 0) -> ScenarioResult:
+def run_scenario(s: Scenario, out_dir: Path, *, measurement: str = "short", probes: bool = True,
+                 profile: bool = True, seed: int = 0) -> ScenarioResult:
     """Diagnose one scenario on the virtual-time emulator and grade the ranking."""
     import time
 
@@ -173,7 +173,7 @@ def run_scenario(s: Scenario, out_dir: Path, *, quick: bool = True, probes: bool
     pool = build_scenario_pool(s, out_dir, seed=seed)
     ep = s.endpoint()
     report = diagnose(ep, pool, engine=EmulatorEngine(ep), config=dict(s.config), out_dir=out_dir / "report",
-                      quick=quick, probes=probes, profile=profile, seed=seed)
+                      measurement=measurement, probes=probes, profile=profile, seed=seed)
     names = [h.bottleneck for h in report.hypotheses]
     rank = names.index(s.truth) + 1 if s.truth in names else None
     return ScenarioResult(s.name, s.truth, rank, [(h.bottleneck, h.score) for h in report.hypotheses[:3]],

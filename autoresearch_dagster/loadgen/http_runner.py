@@ -24,8 +24,6 @@ import multiprocessing as mp
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +32,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from autoresearch_dagster.engines.base import http_request
+from autoresearch_dagster.loadgen.prometheus import snapshot
 from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest, StepOutcome
 from autoresearch_dagster.loadgen.sse import SSEDecoder, StreamTracker
 
@@ -96,26 +96,6 @@ def _jobs(schedule: list[ScheduledRequest]) -> list[_Job]:
     return [_Job(s.request_id, float(s.send_offset_s), _PATHS[s.api],
                  json.dumps(s.body, separators=(",", ":")).encode(), int(s.prompt_tokens))
             for s in schedule]
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Metric name -> value summed over label sets (histogram buckets skipped)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-        if name_end <= 0:
-            continue
-        name = line[:name_end]
-        if name.endswith("_bucket"):
-            continue
-        try:
-            value = float(line.rsplit(" ", 1)[1]) if "}" not in line else float(line.rsplit("}", 1)[1].split()[0])
-        except (ValueError, IndexError):
-            continue
-        out[name] = out.get(name, 0.0) + value
-    return out
 
 
 class _Executor:
@@ -305,7 +285,7 @@ class _Executor:
                         return  # no metrics endpoint: stop asking
                     text = await resp.text()
                 row: dict[str, Any] = {"t_s": time.perf_counter() - self.t0}
-                row.update(parse_prometheus(text))
+                row.update(snapshot(text))
                 self.timeseries.append(row)
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
                 return
@@ -351,16 +331,6 @@ def _worker_main(conn, base_url, headers, jobs, settings, step_id, timeout_s, sc
         conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         conn.close()
-
-
-def _http(method: str, url: str, *, headers: dict[str, str], body: bytes | None = None,
-          timeout: float = 10.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read() if e.fp else b""
 
 
 class HttpDeployment:
@@ -497,10 +467,7 @@ class HttpDeployment:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        try:
-            return _http(method, self.base_url + path, headers=headers, body=data, timeout=timeout)
-        except (urllib.error.URLError, OSError, TimeoutError):
-            return 0, b""
+        return http_request(self.base_url + path, method=method, headers=headers, body=data, timeout=timeout)
 
     def served_model(self) -> str:
         """The model name to send: the one given, else the first of GET /v1/models."""

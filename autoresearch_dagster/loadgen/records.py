@@ -73,10 +73,6 @@ def records_to_table(records: list[RequestRecord]) -> pa.Table:
     return pa.Table.from_pylist([asdict(r) for r in records], schema=RECORD_SCHEMA)
 
 
-def table_to_records(table: pa.Table) -> list[RequestRecord]:
-    return [RequestRecord(**{**row, "itl_s": list(row["itl_s"] or [])}) for row in table.to_pylist()]
-
-
 @dataclass
 class StepOutcome:
     """What executing one schedule produced."""

@@ -1,1 +1,2 @@
-"""Owns measurement through the runner: load-step statistics, the capacity search and the production-shape replay."""
+"""Owns measurement through the runner: the one load step and its statistics (step), the capacity search
+(capacity), the production-shape replay (shape) and the named measurement profiles (profiles)."""

@@ -8,7 +8,7 @@ import pytest
 
 from autoresearch_dagster.diagnose.profile import (ProfileError, classify_kernel, parse_profile,
                                                    parse_trace_filename)
-from diag_helpers import (DECODE_KERNELS, N_DECODE_AFTER, N_DECODE_BEFORE, PREFILL_KERNELS,
+from .helpers import (DECODE_KERNELS, N_DECODE_AFTER, N_DECODE_BEFORE, PREFILL_KERNELS,
                                      gpu_events)
 
 

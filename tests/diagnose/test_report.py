@@ -21,7 +21,7 @@ def test_scenarios_cover_every_bottleneck():
 
 @pytest.mark.parametrize("name", REDUCED)
 def test_reduced_scenarios_rank_the_true_bottleneck_first(name, tmp_path):
-    res = run_scenario(scenario(name), tmp_path, quick=True, probes=(name == "missed_prefix_reuse"),
+    res = run_scenario(scenario(name), tmp_path, measurement="short", probes=(name == "missed_prefix_reuse"),
                        profile=(name == "cuda_graph_coverage"))
     assert res.rank == 1, res.top
     top = res.report.hypotheses[0]
@@ -31,7 +31,7 @@ def test_reduced_scenarios_rank_the_true_bottleneck_first(name, tmp_path):
 
 
 def test_report_files_json_and_markdown(tmp_path):
-    res = run_scenario(scenario("cuda_graph_coverage"), tmp_path, quick=True, probes=False, profile=True)
+    res = run_scenario(scenario("cuda_graph_coverage"), tmp_path, measurement="short", probes=False, profile=True)
     rep = res.report
     md, js = rep.write(tmp_path / "out")
     data = json.loads(js.read_text())
@@ -61,7 +61,7 @@ def test_cli_builds_the_pool_and_prints_top_hypotheses(tmp_path, capsys):
     spec.write_text("name: cli-demo\nmodel: gemma-moe-26b-a4b\nhardware: {gpu: H200, count: 1}\n"
                     "sla: 'ttft_p99<=3000ms,tpot_p99<=60ms,errors<=1%'\nworkload: {logs: [logs.jsonl]}\n")
     out = tmp_path / "out"
-    rc = main(["diagnose", "--endpoint", str(spec), "--out", str(out), "--quick", "--no-probes", "--no-profile",
+    rc = main(["diagnose", "--endpoint", str(spec), "--out", str(out), "--measure", "short", "--no-probes", "--no-profile",
                "--memory", ""])
     assert rc == 0
     printed = capsys.readouterr().out
@@ -79,7 +79,7 @@ def test_reusing_a_measured_curve_skips_the_search(tmp_path):
     from autoresearch_dagster.engines.emulator import EmulatorEngine
 
     s = scenario("admission_limit")
-    first = run_scenario(s, tmp_path / "a", quick=True, probes=False, profile=False)
+    first = run_scenario(s, tmp_path / "a", measurement="short", probes=False, profile=False)
     curve = first.report.details["capacity"]
     assert isinstance(curve, dict) and curve["steps"]
     pool = build_scenario_pool(s, tmp_path / "b")
@@ -99,7 +99,7 @@ def test_reusing_a_measured_curve_skips_the_search(tmp_path):
 
     ep = s.endpoint()
     rep = diagnose(ep, pool, engine=CountingEngine(ep), config=s.config, out_dir=tmp_path / "c", capacity=curve,
-                   quick=True, probes=False, profile=False)
+                   measurement="short", probes=False, profile=False)
     assert CountingEngine.steps == 1  # only the diagnostic step
     assert rep.hypotheses[0].bottleneck == "admission_limit"
     assert rep.details["curve"]["capacity_rps"] == pytest.approx(curve["capacity_rps"])
@@ -123,6 +123,6 @@ def test_endpoint_without_profiler_still_gets_a_report(tmp_path):
     s = scenario("admission_limit")
     ep = s.endpoint()
     rep = diagnose(ep, build_scenario_pool(s, tmp_path), engine=NoProfiler(ep), config=s.config,
-                   out_dir=tmp_path / "r", quick=True, probes=False, profile=True)
+                   out_dir=tmp_path / "r", measurement="short", probes=False, profile=True)
     assert "no /start_profile" in rep.meta["profile"] and rep.details["profile"] is None
     assert rep.hypotheses[0].bottleneck == "admission_limit"

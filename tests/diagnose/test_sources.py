@@ -5,44 +5,14 @@ import numpy as np
 import pytest
 
 from autoresearch_dagster.diagnose.curve import analyze_curve
-from autoresearch_dagster.diagnose.metrics import MetricsError, analyze_timeseries, parse_prometheus, snapshot
+from autoresearch_dagster.diagnose.metrics import analyze_timeseries
+from autoresearch_dagster.loadgen.prometheus import snapshot
 from autoresearch_dagster.pool.workload import burstiness, prefix_reuse, workload_stats
 from autoresearch_dagster.pool.schema import PoolRequest
 from autoresearch_dagster.spec import SLA
 
-METRICS_TEXT = """\
-# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
-# TYPE sglang:num_queue_reqs gauge
-sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 7.0
-sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="0"} 3.0
-# TYPE sglang:token_usage gauge
-sglang:token_usage{model_name="m",tp_rank="0"} 0.9
-sglang:token_usage{model_name="m",tp_rank="1"} 0.7
-# TYPE sglang:cached_tokens_total counter
-sglang:cached_tokens_total{model_name="m",cache_source="device"} 300.0
-sglang:cached_tokens_total{model_name="m",cache_source="host"} 100.0
-# TYPE sglang:time_to_first_token_seconds histogram
-sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 2.0
-sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 5.0
-sglang:time_to_first_token_seconds_sum{model_name="m"} 1.5
-sglang:time_to_first_token_seconds_count{model_name="m"} 5.0
-sglang:weird{a="x\\"y"} NaN 1700000000000
-"""
+from ..loadgen.helpers import METRICS_TEXT
 
-
-def test_prometheus_parse_and_snapshot():
-    samples = parse_prometheus(METRICS_TEXT)
-    assert len(samples) == 11
-    assert dict(samples[-1].labels) == {"a": 'x"y'}
-    snap = snapshot(METRICS_TEXT)
-    assert snap["sglang:num_queue_reqs"] == 10.0  # summed over ranks
-    assert snap["sglang:token_usage"] == pytest.approx(0.8)  # ratio gauges are averaged
-    assert snap["sglang:cached_tokens_total"] == 400.0
-    assert snap['sglang:cached_tokens_total{cache_source="host"}'] == 100.0
-    assert snap["sglang:time_to_first_token_seconds_count"] == 5.0
-    assert "sglang:time_to_first_token_seconds_bucket" not in snap
-    with pytest.raises(MetricsError, match="line 2"):
-        parse_prometheus("ok 1\nthis is not a sample\n")
 
 
 def _series(n, queue, running, usage, t_step=1.0, cached_per=0.0, prompt_per=100.0, retract_per=0.0):

@@ -16,6 +16,27 @@ from typing import Any
 from aiohttp import web
 
 
+# One SGLang /metrics text: two tensor-parallel ranks, a labelled counter, a histogram and an escaped label.
+METRICS_TEXT = """\
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 7.0
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="0"} 3.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",tp_rank="0"} 0.9
+sglang:token_usage{model_name="m",tp_rank="1"} 0.7
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{model_name="m",cache_source="device"} 300.0
+sglang:cached_tokens_total{model_name="m",cache_source="host"} 100.0
+# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 2.0
+sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 5.0
+sglang:time_to_first_token_seconds_sum{model_name="m"} 1.5
+sglang:time_to_first_token_seconds_count{model_name="m"} 5.0
+sglang:weird{a="x\\"y"} NaN 1700000000000
+"""
+
+
 @dataclass
 class FakePoolRequest:
     id: str
@@ -80,8 +101,10 @@ class FaultServer:
     """Streaming OpenAI-compatible server on loopback; behaviour per request from 'FAULT:<kind>'."""
 
     def __init__(self, *, token_gap_s: float = 0.002, slow_first_s: float = 3.0,
-                 concurrency: int | None = None, service_s: float = 0.0) -> None:
+                 concurrency: int | None = None, service_s: float = 0.0,
+                 metrics_text: str = '# HELP x\nsglang:num_running_reqs{model="m"} 3\nsglang:num_queue_reqs 1\n') -> None:
         self.token_gap_s = token_gap_s
+        self.metrics_text = metrics_text
         self.slow_first_s = slow_first_s
         # A capacity limit: `concurrency` slots each held `service_s` before the first token,
         # so above concurrency/service_s req/s the queue (and TTFT) grows without bound.
@@ -159,7 +182,7 @@ class FaultServer:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text='# HELP x\nsglang:num_running_reqs{model="m"} 3\nsglang:num_queue_reqs 1\n')
+        return web.Response(text=self.metrics_text)
 
     def start(self) -> str:
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -189,7 +212,8 @@ class FaultServer:
         pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for t in pending:
             t.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        if pending:  # gather() of nothing asks for the thread's current loop, which this thread never set
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
 
     def stop(self) -> None:

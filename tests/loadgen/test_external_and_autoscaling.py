@@ -4,7 +4,7 @@ import pytest
 from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.engines.external import ExternalEngine
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment
-from autoresearch_dagster.measure.capacity import autoscaling_report
+from autoresearch_dagster.measure.shape import autoscaling_report
 from autoresearch_dagster.spec import EndpointSpec
 
 from .helpers import FaultServer

@@ -5,9 +5,10 @@ import time
 import numpy as np
 import pytest
 
-from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings, parse_prometheus
+from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
+from autoresearch_dagster.loadgen.prometheus import snapshot
 from autoresearch_dagster.loadgen.schedule import build_schedule, poisson_offsets
-from autoresearch_dagster.measure.capacity import summarize_step
+from autoresearch_dagster.measure.step import summarize_step
 from autoresearch_dagster.spec import SLA
 from .helpers import FaultServer, ServerProcess, make_pool
 
@@ -124,6 +125,6 @@ def test_admin_helpers_and_metrics_scrape(server):
     assert dep.base_url == url
     n = srv.flushes
     assert dep.flush_cache() is True and srv.flushes == n + 1
-    assert parse_prometheus(dep.metrics_text()) == {"sglang:num_running_reqs": 3.0, "sglang:num_queue_reqs": 1.0}
+    assert snapshot(dep.metrics_text()) == {"sglang:num_running_reqs": 3.0, "sglang:num_queue_reqs": 1.0}
     assert dep.served_model() == "fake-model"
     assert dep.stop_profile() == []  # no profiler on this server: gracefully absent

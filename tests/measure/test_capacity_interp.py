@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from autoresearch_dagster.loadgen.records import RequestRecord, StepOutcome
-from autoresearch_dagster.measure.capacity import CapacitySettings, find_capacity, interpolate_crossing
+from autoresearch_dagster.measure.capacity import find_capacity, interpolate_crossing
+from autoresearch_dagster.measure.profiles import CapacitySettings
 from autoresearch_dagster.spec import SLA
 
-from .helpers import make_pool
+from ..loadgen.helpers import make_pool
 
 SLA_SPEC = SLA.parse("ttft_p99<=500ms,tpot_p99<=50ms,errors<=1%")
 POOL = make_pool([f"q{i}" for i in range(50)], output_tokens=10)

@@ -1,0 +1,100 @@
+"""Owns the measurement settings (``CapacitySettings``) and the named profiles every caller picks from.
+
+A profile says how long each load step is held, how the capacity search runs, how many runs an
+arm gets and how deep the diagnosis goes.
+
+One set, chosen by name everywhere: the CLI's ``--measure NAME`` (``run``, ``noise``, ``experiment``,
+``diagnose``, ``replay capacity``), Dagster's ``MeasurementSettings(profile=NAME)`` (and
+``AUTORESEARCH_MEASURE``) and ``diagnose(measurement=NAME)``. Callers override single fields on top
+(``--step-duration``, a resource field), never keep a profile of their own.
+
+- ``standard``: 60 s steps, 100 completions, 5 % resolution; runs per arm 5 → 10 → 20; full diagnosis.
+- ``quick``: ``make run``'s. The same load steps as ``standard``, held to 10x the mean E2E latency
+  (methods.md §2: fixed 60 s holds on the demo end mid-fill and report ~20 req/s where ~17 is
+  sustained; shorter steps make p99 judge on too few requests and the search wander), the
+  statistical minimum of 5 runs per arm without escalating, and the quick diagnosis. Quick because it
+  runs fewer experiments, not because it measures less carefully.
+- ``short``: short steps (40 s, 25 completions, no warm-up, 15 % resolution, 10 steps) and the quick
+  diagnosis: a fast look at a setup or a bottleneck (the diagnosis scenarios). Its capacities are
+  optimistic near the knee; not for verdicts.
+
+Every profile keeps ``REQUEST_TIMEOUT_S`` as its per-request timeout (the one timeout rule, step.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from autoresearch_dagster.spec import SpecError
+
+# The per-request timeout of every named profile: the one timeout rule of a load step (see step.py).
+REQUEST_TIMEOUT_S = 120.0
+
+
+@dataclass
+class CapacitySettings:
+    """How each load step is held and how the capacity search runs (``capacity.find_capacity``)."""
+
+    step_duration_s: float = 60.0
+    min_completed: int = 100
+    start_rps: float = 1.0
+    growth: float = 2.0
+    resolution: float = 0.05
+    warmup_s: float = 10.0
+    burstiness: float = 1.0
+    max_steps: int = 20
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    flush_cache: bool = True
+    # > 0: hold each step at least this many times the highest mean E2E latency of the passing steps so
+    # far (methods.md §2 asks for 10), so steps near the knee reach their steady state; 0: fixed holds
+    hold_e2e_multiple: float = 0.0
+
+
+@dataclass(frozen=True)
+class MeasurementProfile:
+    name: str
+    capacity: CapacitySettings  # every run's load steps and capacity search
+    noise_runs: int  # A/A runs of the baseline for its noise floor
+    initial_runs_per_arm: int
+    max_runs_per_arm: int  # = initial: no escalation
+    experiments_per_round: int
+    quick_diagnosis: bool  # diagnosis: fewer requests per step and only the quick probes
+
+    def with_overrides(self, **values: Any) -> MeasurementProfile:
+        """This profile with some fields replaced; ``CapacitySettings`` fields go into ``capacity``.
+        None values are ignored (an option that was not given)."""
+        given = {k: v for k, v in values.items() if v is not None}
+        cap_names = {f.name for f in fields(CapacitySettings)}
+        own = {f.name for f in fields(self)} - {"name", "capacity"}
+        unknown = set(given) - cap_names - own
+        if unknown:
+            raise SpecError(f"unknown measurement setting(s) {sorted(unknown)}")
+        return replace(self, capacity=replace(self.capacity, **{k: v for k, v in given.items() if k in cap_names}),
+                       **{k: v for k, v in given.items() if k in own})
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by name, capacity settings inline (what a flat config such as Dagster's reads)."""
+        out = {f.name: getattr(self.capacity, f.name) for f in fields(CapacitySettings)}
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("name", "capacity")})
+        return out
+
+
+_STANDARD = MeasurementProfile(name="standard", capacity=CapacitySettings(), noise_runs=5, initial_runs_per_arm=5,
+                               max_runs_per_arm=20, experiments_per_round=1, quick_diagnosis=False)
+
+PROFILES: dict[str, MeasurementProfile] = {
+    "standard": _STANDARD,
+    "quick": replace(_STANDARD, name="quick", capacity=CapacitySettings(hold_e2e_multiple=10.0), max_runs_per_arm=5,
+                     quick_diagnosis=True),
+    "short": replace(_STANDARD, name="short", max_runs_per_arm=5, quick_diagnosis=True,
+                     capacity=CapacitySettings(step_duration_s=40.0, min_completed=25, warmup_s=0.0, resolution=0.15,
+                                               max_steps=10)),
+}
+
+
+def measurement_profile(name: str) -> MeasurementProfile:
+    """The named profile, with a capacity settings object of its own (callers may change it)."""
+    if name not in PROFILES:
+        raise SpecError(f"unknown measurement profile {name!r}; choose from {', '.join(PROFILES)}")
+    p = PROFILES[name]
+    return replace(p, capacity=replace(p.capacity))
