@@ -21,7 +21,7 @@ test: $(VENV)/.installed
 	bash scripts/test.sh
 
 dev: $(VENV)/.installed
-	$(PY) -m autoresearch_dagster.definitions && $(VENV)/bin/dagster dev -w workspace.yaml
+	$(PY) -m jobs.instance && $(VENV)/bin/dagster dev -w workspace.yaml
 
 bench: $(VENV)/.installed
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,12 +1,12 @@
 """Owns the storage resources: the Parquet results lake, the artifact directory, the memory directory."""
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+
+from autoresearch_dagster.outputs.files import write_json
 
 
 class ResultsLakeResource(dg.ConfigurableResource):
@@ -31,14 +31,8 @@ class ArtifactStore(dg.ConfigurableResource):
         return path
 
     def write_json(self, endpoint: str, asset: str, name: str, payload: Any) -> Path:
-        """Atomic JSON write (temp file in the same dir, then os.replace)."""
-        path = self.dir(endpoint, asset) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, path)
-        return path
+        """``payload`` as strict JSON at ``<out_dir>/<endpoint>/<asset>/<name>``, written atomically."""
+        return write_json(self.dir(endpoint, asset) / name, payload, sort_keys=True)
 
     def read_json(self, endpoint: str, asset: str, name: str) -> Any:
         path = Path(self.out_dir).resolve() / endpoint / asset / name

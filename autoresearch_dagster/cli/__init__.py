@@ -2,17 +2,21 @@
 
 Each module in this package defines ``register(subparsers)`` adding its group; a handler returns
 an exit code. Errors the user can fix (bad spec, unreadable logs) print one line and exit 2.
+Commands of the Dagster layer (``autoresearch run``: jobs/main_job.py) register through the
+``autoresearch.commands`` entry-point group, so the core never imports that layer.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 from autoresearch_dagster.spec import SpecError
 
 # command group -> module (kept explicit so --help order is stable)
-_GROUPS = ["pool", "replay", "emulator", "noise", "experiment", "correctness", "diagnose", "sql", "run"]
+_GROUPS = ["pool", "replay", "emulator", "noise", "experiment", "correctness", "diagnose", "sql"]
+PLUGIN_GROUP = "autoresearch.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # group not built yet
             raise
         mod.register(sub)
+    for ep in sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        ep.load()(sub)
     return parser
 
 

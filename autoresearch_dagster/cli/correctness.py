@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
 
+from autoresearch_dagster.outputs.files import write_json
 from autoresearch_dagster.spec import SpecError, load_server_config
 
 
@@ -50,12 +49,8 @@ def _report(res, out: str | None) -> int:
     for r in res.reasons:
         print(f"  - {r}")
     if out:
-        d = Path(out)
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / "correctness.json.tmp"
-        tmp.write_text(json.dumps(res.to_dict(), indent=2, sort_keys=True))
-        os.replace(tmp, d / "correctness.json")
-        print(f"wrote {d / 'correctness.json'}")
+        path = write_json(Path(out) / "correctness.json", res.to_dict(), sort_keys=True)
+        print(f"wrote {path}")
     return 0 if res.passed else 1
 
 

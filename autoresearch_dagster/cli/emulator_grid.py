@@ -8,6 +8,8 @@ import argparse
 import sys
 from typing import Any
 
+from autoresearch_dagster.experiments.grid import (DEFAULT_GRID, QUICK_GRID, GridSettings, ensure_pool, grid_size, run_grid,
+                                                   write_grid)
 from autoresearch_dagster.spec import SpecError, load_endpoint
 
 
@@ -15,13 +17,14 @@ def register_grid(sub: Any) -> None:
     sp = sub.add_parser(
         "grid", help="exhaustive search over a documented knob grid in the emulator; writes DIR/grid.json",
         description="Measure, in the virtual-time emulator, the capacity at the endpoint's SLA of its own server "
-                    "config and of every point of the grid (prefill_decode_interval, enable_mixed_chunk, "
-                    "chunked_prefill_size, schedule_policy, quantization, kv_cache_dtype), with the runner's "
-                    "capacity search. Writes DIR/grid.json {default, best, best_lossless, points}.")
+                    f"config and of every point of the grid ({', '.join(DEFAULT_GRID)}, each at its search values "
+                    "in spec.KNOBS), with the runner's capacity search. "
+                    "Writes DIR/grid.json {default, best, best_lossless, points}.")
     sp.add_argument("--endpoint", required=True, help="endpoint spec YAML")
     sp.add_argument("--out", required=True, help="output directory (grid.json; pool/ when built from the logs)")
     sp.add_argument("--pool", help="replay pool (parquet or its directory); default: build one from the endpoint's logs")
-    sp.add_argument("--quick", action="store_true", help="the reduced grid (32 points) instead of the full one (192)")
+    sp.add_argument("--quick", action="store_true", help=f"the reduced grid ({grid_size(QUICK_GRID)} points) "
+                                                          f"instead of the full one ({grid_size(DEFAULT_GRID)})")
     sp.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     sp.add_argument("--step-s", type=float, default=60.0, help="seconds per load step of each capacity search")
     sp.add_argument("--seed", type=int, default=0, help="seed shared by every point (common random numbers)")
@@ -29,8 +32,6 @@ def register_grid(sub: Any) -> None:
 
 
 def _grid(args: argparse.Namespace) -> int:
-    from autoresearch_dagster.experiments.grid import DEFAULT_GRID, QUICK_GRID, GridSettings, ensure_pool, run_grid, write_grid
-
     if args.workers < 1:
         raise SpecError(f"--workers must be >= 1, got {args.workers}")
     if args.step_s <= 0:

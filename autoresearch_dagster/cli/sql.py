@@ -44,12 +44,7 @@ def handle(args: argparse.Namespace) -> int:
     elif args.format == "json":
         print(json.dumps([dict(zip(cols, r)) for r in rows], indent=2, default=str))
     else:
-        from rich.console import Console
-        from rich.table import Table
+        from autoresearch_dagster.outputs.console import print_table
 
-        t = Table(*cols, show_lines=False)
-        for r in rows:
-            t.add_row(*["" if x is None else (f"{x:.6g}" if isinstance(x, float) else str(x)) for x in r])
-        Console(width=max(120, min(250, 20 * len(cols)))).print(t)
-        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+        print_table(cols, rows)
     return 0

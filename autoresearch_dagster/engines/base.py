@@ -6,13 +6,16 @@ measure only). The harness, the capacity search and the CLI only talk to this pr
 """
 from __future__ import annotations
 
+import json
 import math
+import urllib.error
+import urllib.request
 from typing import Any, Protocol, runtime_checkable
 
 from autoresearch_dagster.loadgen.records import ScheduledRequest, StepOutcome
+from autoresearch_dagster.spec import KNOBS
 
 DRIFT_PREFIX = "config drift"
-VALUE_ALIASES = {"bf16": "bfloat16"}  # spellings SGLang resolves to one value (dtype / kv-cache dtype)
 
 
 class EngineError(RuntimeError):
@@ -27,11 +30,13 @@ class ConfigDriftError(EngineError):
         self.drift = list(drift)
 
 
-def same_value(got: Any, want: Any) -> bool:
-    """A resolved knob value equals the requested one: equal, equal as text, an alias, or numerically close."""
+def same_value(name: str, got: Any, want: Any) -> bool:
+    """A resolved knob value equals the requested one: equal, equal as text, spellings of one value
+    (the knob's aliases in ``spec.KNOBS``), or numerically close."""
+    k = KNOBS.get(name)
+    if k is not None:
+        got, want = k.canonical(got), k.canonical(want)
     if got == want or str(got) == str(want):
-        return True
-    if isinstance(want, str) and isinstance(got, str) and VALUE_ALIASES.get(want, want) == VALUE_ALIASES.get(got, got):
         return True
     numeric = (int, float)
     return (isinstance(got, numeric) and isinstance(want, numeric) and not isinstance(got, bool)
@@ -51,7 +56,7 @@ def config_drift(requested: dict[str, Any], server_info: dict[str, Any]) -> list
             continue
         if name not in resolved:
             out.append(f"{DRIFT_PREFIX}: {name} not reported by the server (requested {want!r})")
-        elif not same_value(resolved[name], want):
+        elif not same_value(name, resolved[name], want):
             out.append(f"{DRIFT_PREFIX}: {name} resolved to {resolved[name]!r}, requested {want!r}")
     return out
 
@@ -89,3 +94,25 @@ class Engine(Protocol):
 
     def version(self) -> str:
         """The engine's reported version string (drives the engine_version source asset)."""
+
+
+def http_request(url: str, *, method: str = "GET", headers: dict[str, str] | None = None,
+                 body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    """One admin HTTP call (/health, /server_info, /flush_cache, ...): (status, body); status 0 when
+    the server does not answer (refused, reset, timed out), so a caller waiting for health keeps polling."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read() if e.fp else b""
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0, b""
+
+
+def read_server_info(base_url: str, *, timeout: float) -> dict[str, Any]:
+    """A freshly started server's ``/server_info`` (its resolved config); EngineError unless it answers 200."""
+    status, body = http_request(base_url + "/server_info", timeout=timeout)
+    if status != 200:
+        raise EngineError(f"{base_url}/server_info answered HTTP {status}")
+    return json.loads(body)

@@ -9,30 +9,22 @@ the runner's ``HttpDeployment``.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 from autoresearch_dagster.emulator.catalog import gpu, model_card
-from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
+from autoresearch_dagster.emulator.core import EmuRequest, EngineCore, emulator_version
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.profile import write_profile
 from autoresearch_dagster.emulator.sim import simulate
 from autoresearch_dagster.engines.base import EngineError
+from autoresearch_dagster.loadgen.http_runner import HttpDeployment
 from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest, StepOutcome
 from autoresearch_dagster.spec import EndpointSpec, SpecError, validate_server_config
 
 STEP_GAP_S = 5.0  # virtual idle time between consecutive load steps of one deployment
-
-
-def emulator_version() -> str:
-    try:
-        v = importlib.metadata.version("autoresearch-dagster")
-    except importlib.metadata.PackageNotFoundError:
-        from autoresearch_dagster import __version__ as v
-    return f"emulator-{v}"
 
 
 class VirtualDeployment:
@@ -137,7 +129,6 @@ class EmulatorEngine:
         self.endpoint, self.mode = endpoint, mode
         self.noise = noise
         self.efficiency = efficiency
-        self._servers: list[Any] = []
 
     def deploy(self, config: dict[str, Any], *, seed: int = 0):
         if self.mode == "virtual":
@@ -146,47 +137,30 @@ class EmulatorEngine:
 
     def _deploy_http(self, config: dict[str, Any], seed: int):
         from autoresearch_dagster.emulator.server import EmulatorServer, serve_in_thread
-        from autoresearch_dagster.loadgen.http_runner import HttpDeployment
 
         core = EngineCore(model_card(self.endpoint.model), gpu(self.endpoint.hardware.gpu), self.endpoint.gpus,
                           validate_server_config(config), seed=seed, noise=self.noise, efficiency=self.efficiency)
         server = EmulatorServer(self.endpoint, config, seed=seed, noise=self.noise, core=core)
-        running = serve_in_thread(server)
-        dep = HttpDeployment(running.base_url, model=self.endpoint.model)
-        return _HttpEmulatorDeployment(dep, running)
+        return _HttpEmulatorDeployment(serve_in_thread(server), model=self.endpoint.model)
 
     def version(self) -> str:
         return emulator_version()
 
 
-class _HttpEmulatorDeployment:
-    """The runner's HttpDeployment over a server this engine started; ``close`` stops the server."""
+class _HttpEmulatorDeployment(HttpDeployment):
+    """The runner's HTTP deployment of an emulator server this engine started; closing it stops the server."""
 
-    def __init__(self, dep: Any, running: Any):
-        self._dep, self._running = dep, running
-        self.base_url = dep.base_url
-
-    def run_step(self, schedule, *, step_id, timeout_s):
-        return self._dep.run_step(schedule, step_id=step_id, timeout_s=timeout_s)
-
-    def flush_cache(self) -> bool:
-        return self._dep.flush_cache()
-
-    def server_info(self) -> dict[str, Any]:
-        return self._dep.server_info()
-
-    def metrics_text(self) -> str:
-        return self._dep.metrics_text()
+    def __init__(self, running: Any, *, model: str):
+        super().__init__(running.base_url, model=model)
+        self._running = running
 
     def start_profile(self, output_dir: str) -> None:
+        # the server writes its traces into output_dir on this machine; stop_profile lists what is there
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        self._dep.start_profile(output_dir)
-
-    def stop_profile(self) -> list[str]:
-        return self._dep.stop_profile()
+        super().start_profile(output_dir)
 
     def close(self) -> None:
         try:
-            self._dep.close()
+            super().close()
         finally:
             self._running.stop()

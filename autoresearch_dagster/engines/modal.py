@@ -20,14 +20,15 @@ tunnel URL; ``close()`` terminates the sandbox. It needs Modal credentials in th
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoresearch_dagster.engines.base import ConfigDriftError, EngineError, config_drift
-from autoresearch_dagster.engines.sglang import _http_get, sglang_argv
+from autoresearch_dagster.engines.base import (
+    ConfigDriftError, EngineError, config_drift, http_request, read_server_info,
+)
+from autoresearch_dagster.engines.sglang import sglang_argv
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
 from autoresearch_dagster.spec import EndpointSpec, validate_server_config
 
@@ -118,10 +119,7 @@ class ModalEngine:
         try:
             base_url = sandbox.tunnels(timeout=120)[plan.port].url.rstrip("/")
             self._wait_healthy(sandbox, base_url, plan.startup_timeout_s)
-            status, body = _http_get(base_url + "/server_info", timeout=60)
-            if status != 200:
-                raise EngineError(f"{base_url}/server_info answered HTTP {status}")
-            info = json.loads(body)
+            info = read_server_info(base_url, timeout=60)
             drift = config_drift(validate_server_config(dict(config)), info)
             if drift:
                 raise ConfigDriftError(drift)
@@ -140,7 +138,7 @@ class ModalEngine:
             if code is not None:
                 raise EngineError(f"the SGLang sandbox exited with code {code} before becoming healthy: "
                                   f"{sandbox.stderr.read()[-2000:]}")
-            if _http_get(base_url + "/health", timeout=25)[0] == 200:
+            if http_request(base_url + "/health", timeout=25)[0] == 200:
                 return
             if time.monotonic() > deadline:
                 raise EngineError(f"the SGLang sandbox did not become healthy within {timeout_s:g} s")

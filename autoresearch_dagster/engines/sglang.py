@@ -34,14 +34,15 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import weakref
 from pathlib import Path
 from typing import Any
 
-from autoresearch_dagster.engines.base import ConfigDriftError, EngineError, config_drift
+from autoresearch_dagster.engines.base import (
+    ConfigDriftError, EngineError, config_drift, http_request, read_server_info,
+)
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
+from autoresearch_dagster.outputs.files import write_json
 from autoresearch_dagster.spec import EndpointSpec, SpecError, config_hash, launch_flags, validate_server_config
 
 SGLANG_PYTHON_ENV = "AUTORESEARCH_SGLANG_PYTHON"
@@ -148,16 +149,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return 0, b""
 
 
 class ServerProcess:
@@ -289,17 +280,15 @@ class SGLangEngine:
         argv = self.launch_command(config, port=port, seed=seed)
         run_dir = self.run_root / f"{time.strftime('%Y%m%dT%H%M%S')}-{config_hash(config)}-s{seed}-p{port}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(run_dir / "launch.json", {"argv": argv, "config": config, "seed": seed, "port": port,
-                                               "env_keys": sorted((self.opts.get("env") or {}).keys())})
+        write_json(run_dir / "launch.json", {"argv": argv, "config": config, "seed": seed, "port": port,
+                                              "env_keys": sorted((self.opts.get("env") or {}).keys())},
+                   sort_keys=True)
         proc = ServerProcess(argv, env=self._env(), log_path=run_dir / "server.log", grace_s=self.stop_grace_s)
         base_url = f"http://{self.host}:{port}"
         try:
             self._wait_healthy(proc, base_url)
-            status, body = _http_get(base_url + "/server_info", timeout=30)
-            if status != 200:
-                raise EngineError(f"{base_url}/server_info answered HTTP {status}")
-            info = json.loads(body)
-            _write_json(run_dir / "server_info.json", info)
+            info = read_server_info(base_url, timeout=30)
+            write_json(run_dir / "server_info.json", info, sort_keys=True)
             drift = config_drift(config, info)
             if drift:
                 raise ConfigDriftError(drift)
@@ -317,9 +306,9 @@ class SGLangEngine:
             if not proc.alive():
                 raise EngineError(f"the server exited with code {proc.proc.returncode} before becoming healthy; "
                                   f"log {proc.log_path}:\n{proc.log_tail()}")
-            status, _ = _http_get(base_url + "/health", timeout=25)
+            status, _ = http_request(base_url + "/health", timeout=25)
             if status == 200:
-                ready, _ = _http_get(base_url + "/ready", timeout=10)
+                ready, _ = http_request(base_url + "/ready", timeout=10)
                 if ready in (200, 404):  # /ready is newer than /health; older servers lack it
                     return
             if time.monotonic() > deadline:
@@ -343,9 +332,3 @@ class SGLangEngine:
             if out.returncode == 0 and out.stdout.strip():
                 return out.stdout.strip()
         return "unknown"
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)

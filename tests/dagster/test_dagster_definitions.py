@@ -1,4 +1,7 @@
-"""The one Definitions object loads, has the loop's shape, and its sensors run by default."""
+"""The one Definitions object loads, has the loop's shape, and its sensors run by default; the core's CLI
+reaches the Dagster layer's `autoresearch run` only through its entry point."""
+import subprocess
+import sys
 import tomllib
 
 import dagster as dg
@@ -6,7 +9,7 @@ import yaml
 
 from assets.partitions import EAGER
 from autoresearch_dagster.definitions import defs
-from conftest import ROOT
+from .conftest import ROOT
 
 LOOP = ["confirmed_baseline", "noise_baseline", "diagnostic_report", "proposals", "experiment_results",
         "promotion_decision"]
@@ -65,3 +68,13 @@ def test_run_command_is_registered_and_reports_user_errors(tmp_path, capsys, mon
     assert main(["run", "--endpoint", str(spec), "--storage", "postgres", "--dagster-home", str(tmp_path),
                  "--out", str(tmp_path / "out")]) == 2
     assert "Postgres instance storage needs DAGSTER_PG_HOST" in capsys.readouterr().err
+
+
+def test_the_core_reaches_the_main_job_only_through_the_commands_entry_point():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["autoresearch.commands"] == {"run": "jobs.main_job:register"}
+    probe = ("import sys; import autoresearch_dagster.cli as cli; "
+             "layer = {'dagster', 'jobs', 'resources', 'assets', 'sensors'}; "
+             "print(sorted(layer & set(sys.modules))); cli.build_parser(); print('jobs.main_job' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "True"]

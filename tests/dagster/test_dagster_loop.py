@@ -6,8 +6,8 @@ import json
 import dagster as dg
 import yaml
 
-from autoresearch_dagster.definitions import instance as project_instance
-from autoresearch_dagster.definitions import run_main_job
+from jobs.instance import instance as project_instance
+from jobs.main_job import run_main_job
 from autoresearch_dagster.results import ResultsLake
 from resources import MeasurementSettings
 from sensors import promotion_sensor
@@ -72,4 +72,4 @@ def test_measurement_settings_carry_the_steady_state_hold_to_the_harness():
     held = MeasurementSettings(hold_e2e_multiple=10.0)
     assert held.harness().capacity.hold_e2e_multiple == 10.0
     assert MeasurementSettings().capacity().hold_e2e_multiple == 0.0
-    assert MeasurementSettings.quick().capacity().hold_e2e_multiple == 10.0  # make run's steady-state profile
+    assert MeasurementSettings(profile="quick").capacity().hold_e2e_multiple == 10.0  # make run's steady-state profile

@@ -5,9 +5,9 @@ import os
 import dagster as dg
 import pytest
 
-from autoresearch_dagster.definitions import execute
-from autoresearch_dagster.definitions import instance as project_instance
-from conftest import make_defs
+from jobs.instance import execute
+from jobs.instance import instance as project_instance
+from .conftest import make_defs
 
 POOL = dg.AssetKey("replay_pool")
 FIDELITY = dg.AssetCheckKey(POOL, "replay_fidelity")
@@ -41,7 +41,7 @@ def test_unfaithful_pool_fails_the_blocking_check_and_names_the_statistic(projec
     defs = make_defs(project)
     assert materialize_pool(defs, instance, "ep1").success
     # corrupt the fidelity report as an unfaithful build would write it, then re-run only the check
-    path = project / "out" / "ep1" / "replay_pool" / "fidelity.json"
+    path = project / "out" / "lake" / "_pools" / "ep1" / "fidelity.json"
     report = json.loads(path.read_text())
     name = next(iter(report["checks"]))
     report["checks"][name]["passed"] = False

@@ -5,7 +5,7 @@ import os
 import dagster as dg
 
 from assets.config import PROMOTED_FROM_TAG
-from conftest import write_spec
+from .conftest import write_spec
 from resources import EndpointRegistry
 from sensors import endpoint_discovery_sensor, new_logs_sensor, promotion_sensor
 

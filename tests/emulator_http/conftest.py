@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from emu_http_helpers import ScriptedCore
+from .helpers import ScriptedCore
 from autoresearch_dagster.spec import load_endpoint
 
 ROOT = Path(__file__).resolve().parents[2]

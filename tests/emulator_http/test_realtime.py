@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from emu_http_helpers import ScriptedCore
+from .helpers import ScriptedCore
 from autoresearch_dagster.emulator.realtime import RealtimeDriver
 
 pytestmark = pytest.mark.timeout(30)

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from autoresearch_dagster.tokens import count_tokens
-from emu_http_helpers import ScriptedCore
+from .helpers import ScriptedCore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,5 +1,11 @@
-"""The one drift check every engine and the harness share (engines.base.config_drift)."""
-from autoresearch_dagster.engines.base import DRIFT_PREFIX, config_drift
+"""What every engine shares (engines.base): the one drift check and the admin HTTP helpers."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from autoresearch_dagster.engines.base import DRIFT_PREFIX, EngineError, config_drift, http_request, read_server_info
 
 
 def test_config_drift_names_the_knob_and_the_values():
@@ -19,3 +25,42 @@ def test_aliases_and_numbers_resolve_to_the_same_value():
 
 def test_an_engine_reporting_no_config_has_nothing_to_verify():
     assert config_drift({"page_size": 16}, {}) == []
+
+
+class _Admin(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        code, body = {"/server_info": (200, json.dumps({"page_size": 16}).encode())}.get(self.path, (503, b"busy"))
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # noqa: N802
+        self.send_response(200 if self.headers.get("X-Key") == "k" else 401)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def admin_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Admin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_admin_request_returns_status_and_body_and_zero_when_nobody_answers(admin_url):
+    assert http_request(admin_url + "/health") == (503, b"busy")
+    assert http_request(admin_url + "/flush_cache", method="POST", headers={"X-Key": "k"})[0] == 200
+    assert http_request(admin_url + "/flush_cache", method="POST")[0] == 401
+    with ThreadingHTTPServer(("127.0.0.1", 0), _Admin) as closed:
+        port = closed.server_address[1]
+    assert http_request(f"http://127.0.0.1:{port}/health", timeout=2) == (0, b"")
+
+
+def test_read_server_info_parses_200_and_names_any_other_status(admin_url):
+    assert read_server_info(admin_url, timeout=5) == {"page_size": 16}
+    with pytest.raises(EngineError, match="answered HTTP 0"):
+        read_server_info("http://127.0.0.1:1", timeout=2)
