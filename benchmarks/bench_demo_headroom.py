@@ -14,10 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoresearch_dagster.experiments.grid import DEFAULT_GRID, QUICK_GRID, GridSettings, ensure_pool, run_grid, write_grid
+from autoresearch_dagster.experiments.grid import (DEFAULT_GRID, QUICK_GRID, GridSettings, ensure_pool, grid_size, knob_grid,
+                                                   run_grid, write_grid)
 from autoresearch_dagster.spec import load_endpoint
 
-REDUCED_GRID = {"prefill_decode_interval": (0, 4), "enable_mixed_chunk": (False, True), "quantization": (None, "fp8")}
+REDUCED_GRID = knob_grid(("prefill_decode_interval", "enable_mixed_chunk", "quantization"), quick=True)
 GRIDS = {"full": DEFAULT_GRID, "quick": QUICK_GRID, "reduced": REDUCED_GRID}
 
 
@@ -25,7 +26,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--endpoint", default=str(Path(__file__).resolve().parents[1] / "examples/endpoints/demo.yaml"))
     ap.add_argument("--grid", choices=sorted(GRIDS), default="reduced",
-                    help="reduced: 8 points (~1.5 min); quick: 32 points (~5 min on 2 loaded cores); full: 192 points")
+                    help=f"reduced: {grid_size(REDUCED_GRID)} points (~1.5 min); quick: {grid_size(QUICK_GRID)} points "
+                         f"(~5 min on 2 loaded cores); full: {grid_size(DEFAULT_GRID)} points")
     ap.add_argument("--step-s", type=float, default=60.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", help="directory for grid.json (default: a temporary directory)")

@@ -2,7 +2,8 @@
 
 Prints one row per scenario (true bottleneck, its rank, the top-3 hypotheses with scores, wall
 time) and the tally against the target (first in at least 7 of 8, top two in all).
-Flags: --quick (short load steps, quick probes only), --no-probes, --scenarios a,b,c, --out DIR.
+Flags: --measure PROFILE (default standard; short: short load steps, quick probes only), --no-probes,
+--scenarios a,b,c, --out DIR.
 """
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoresearch_dagster.diagnose.scenarios import SCENARIOS, run_scenario, scenario  # noqa: E402
+from autoresearch_dagster.measure.profiles import PROFILES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short load steps and only the quick probes")
+    ap.add_argument("--measure", choices=sorted(PROFILES), default="standard",
+                    help="measurement profile (short: short load steps and only the quick probes)")
     ap.add_argument("--no-probes", action="store_true")
     ap.add_argument("--scenarios", help="comma-separated subset (default: all)")
     ap.add_argument("--out", help="keep the reports here (default: a temporary directory)")
@@ -29,14 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     names = args.scenarios.split(",") if args.scenarios else [s.name for s in SCENARIOS]
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_diagnosis_"))
     load = os.getloadavg()[0]
-    print(f"diagnosis validation: {len(names)} scenarios, {'quick' if args.quick else 'full'} settings, "
+    print(f"diagnosis validation: {len(names)} scenarios, measurement profile {args.measure}, "
           f"probes {'off' if args.no_probes else 'on'}, emulator in virtual time; load average {load:.1f} "
           f"on {os.cpu_count()} CPUs")
     print(f"{'scenario':26s} {'true bottleneck':26s} {'rank':>4s}  top-3 hypotheses (score){'':28s} {'wall':>6s}")
     t0 = time.perf_counter()
     ranks = []
     for n in names:
-        r = run_scenario(scenario(n), out / n, quick=args.quick, probes=not args.no_probes, seed=args.seed)
+        r = run_scenario(scenario(n), out / n, measurement=args.measure, probes=not args.no_probes, seed=args.seed)
         r.report.write(out / n / "report")
         ranks.append(r.rank)
         top = ", ".join(f"{b} ({s:.2f})" for b, s in r.top)

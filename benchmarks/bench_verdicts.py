@@ -1,7 +1,7 @@
 """Statistical quality of the experiment verdicts on the emulator: A/A false positives and power at ±5%.
 
 Method. Each run of an experiment is an independent fresh deployment, so runs can be measured first
-and drawn later. Phase 1 measures banks of runs with the harness's own ``execute_run`` (fresh
+and drawn later. Phase 1 measures banks of runs with the harness's own ``runs.execute_run`` (fresh
 emulator deployment, distinct seed, RUNNER's capacity search) for three servers: the baseline, a
 server whose every iteration is ``--faster`` times faster (the emulator's documented ``Efficiency``
 factors scaled: MFU/MBU x speed, CPU overheads / speed) and one running at ``--slower``. Capacity
@@ -15,7 +15,7 @@ run of the benchmark measures the true ratios again and prints them. The
 candidate config is the baseline plus a knob set to its default (``stream_interval: 1``), so the
 configs differ in hash only and the speed difference is the only true effect; the true capacity
 ratio is measured from the banks and printed. Phase 2 runs ``--comparisons`` experiments per
-scenario through ``harness.run_experiment`` (the same staged 5 -> 10 -> 20 procedure,
+scenario through ``experiment.run_experiment`` (the same staged 5 -> 10 -> 20 procedure,
 confirmation, verdict code) with a ``run_source`` that draws runs without replacement from the
 banks, in a fresh random order per comparison. A/A draws both arms from the baseline bank.
 Rates are therefore estimates for the empirical run distribution of the banks; a bigger
@@ -43,9 +43,10 @@ sys.path.insert(0, str(ROOT))
 from autoresearch_dagster.experiments import stats  # noqa: E402
 from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
-from autoresearch_dagster.experiments.harness import (INTERP_METRIC, HarnessSettings, RunRecord, execute_run,  # noqa: E402
-                                          run_experiment)
-from autoresearch_dagster.measure.capacity import CapacitySettings  # noqa: E402
+from autoresearch_dagster.experiments.experiment import run_experiment  # noqa: E402
+from autoresearch_dagster.experiments.runs import INTERP_METRIC, HarnessSettings, RunRecord, execute_run  # noqa: E402
+from autoresearch_dagster.measure.profiles import CapacitySettings  # noqa: E402
+from autoresearch_dagster.outputs.files import atomic_write_bytes  # noqa: E402
 from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
 from autoresearch_dagster.pool.build import build_pool
 from autoresearch_dagster.spec import Budget, load_endpoint  # noqa: E402
@@ -123,10 +124,7 @@ def _load_banks(path: str | None, key: dict) -> list[RunRecord] | None:
 
 
 def _save_banks(path: str, key: dict, recs: list[RunRecord]) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump({"key": key, "runs": recs}, f)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, pickle.dumps({"key": key, "runs": recs}))
 
 
 def main() -> int:
