@@ -2,6 +2,7 @@
 experiment_results (+ blocking correctness_gate check) and promotion_decision. Thin: each calls the
 core and attaches metadata; files go to the artifact store, rows to the results lake."""
 import json
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
@@ -11,6 +12,7 @@ from assets.metadata import png_markdown
 from assets.partitions import EAGER, endpoints
 from autoresearch_dagster.outputs.files import json_safe
 from autoresearch_dagster.outputs.plots import plot_load_curve, plot_ratios
+from autoresearch_dagster.results import utc_now
 from resources import (
     ArtifactStore,
     EndpointRegistry,
@@ -63,7 +65,8 @@ def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig
     record = {"endpoint": name, "candidate_id": config.candidate_id, "server_config": server_config,
               "config_hash": config_hash(server_config), "original_config": dict(spec.server_config),
               "original_config_hash": config_hash(spec.server_config), "promoted_from_run": source_run,
-              "experiment_id": config.experiment_id or None, "run_id": context.run.run_id}
+              "experiment_id": config.experiment_id or None, "run_id": context.run.run_id,
+              "set_at": utc_now().isoformat()}
     path = store.write_json(name, "confirmed_baseline", "baseline.json", record)
     store.write_json(name, "confirmed_baseline", f"history/{context.run.run_id}.json", record)
     metadata: dict[str, Any] = {
@@ -165,7 +168,7 @@ def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry, set
               store: ArtifactStore, lake: ResultsLakeResource) -> dg.MaterializeResult:
     """Four-part proposals (explanation, intervention, numeric prediction, falsifier) for this
     round: the endpoint's candidate files, then the knobs of the report's top hypotheses. Configs
-    equal to the baseline or already tested against it (the lake's experiments) are left out."""
+    equal to the baseline or already tested against it since it was set (the lake's experiments) are left out."""
     from autoresearch_dagster.agents.proposal import make_proposals
     from autoresearch_dagster.experiments.experiment import already_tested
     from autoresearch_dagster.experiments.stats import decision_margin
@@ -176,7 +179,8 @@ def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry, set
     report = store.read_json(name, "diagnostic_report", "report.json")
     margin = decision_margin(float(noise["capacity_cv"]), settings.budget(), min_margin=settings.harness().min_margin)
     items = make_proposals(name, report, baseline["server_config"], registry.candidates(name), margin=margin,
-                           tested=already_tested(lake.lake(), name, baseline["config_hash"]))
+                           tested=already_tested(lake.lake(), name, baseline["config_hash"],
+                                                  since=datetime.fromisoformat(baseline["set_at"])))
     path = store.write_json(name, "proposals", "proposals.json", [p.model_dump() for p in items])
     rows = "\n".join(f"| {p.id} | {p.source} | `{json.dumps(p.intervention)}` | {p.prediction.value:.3f} | "
                      f"{p.explanation} | {p.falsifier} |" for p in items)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 
 from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.experiments.campaign import start_campaign
@@ -59,3 +60,8 @@ def test_each_result_gives_its_rows_and_the_lake_stores_them(tmp_path):
     # which candidates were tested against a baseline is a query over the lake's experiments table
     assert already_tested(lake, "demo", config_hash(endpoint.server_config)) == {res.candidate_hash}
     assert already_tested(lake, "demo", res.candidate_hash) == set()
+    # a baseline set after the experiment (a re-seed, a promotion) starts its rounds afresh
+    started = datetime.fromisoformat(res.started_at)
+    base = config_hash(endpoint.server_config)
+    assert already_tested(lake, "demo", base, since=started) == {res.candidate_hash}
+    assert already_tested(lake, "demo", base, since=started + timedelta(seconds=1)) == set()
