@@ -128,15 +128,9 @@ def already_tested(results: Any, endpoint: str, baseline_hash: str, *, since: dt
     """Config hashes of the candidates already tested against this baseline, from the lake's ``experiments``;
     with ``since``, only experiments started at or after it (the baseline was set then: a re-seeded or
     promoted baseline starts its rounds afresh, while the lake keeps every earlier row)."""
-    def after(row: dict) -> bool:
-        started = row.get("started_at")
-        if since is None or started is None:
-            return since is None
-        if started.tzinfo is None:
-            started = started.replace(tzinfo=dt.timezone.utc)
-        return started >= since
     return {row["candidate_hash"] for row in results.read("experiments", endpoint=endpoint)
-            if row.get("baseline_hash") == baseline_hash and after(row)}
+            if row.get("baseline_hash") == baseline_hash
+            and (since is None or (row.get("started_at") is not None and row["started_at"] >= since))}
 
 
 def correctness_check(endpoint: EndpointSpec, baseline: dict[str, Any], candidate: dict[str, Any], pool: Any, *,
