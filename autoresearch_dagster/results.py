@@ -63,7 +63,8 @@ TABLES: dict[str, pa.Schema] = {
                     ("arm", _S), ("run_index", _I), ("seed", _I), ("config_hash", _S), ("engine", _S),
                     ("engine_version", _S), ("gpus", _I), ("capacity_rps", _F), ("capacity_rps_per_gpu", _F),
                     ("replay_capacity", _F), ("capacity_interp_rps", _F), ("valid", _B), ("invalid_reasons", _LS),
-                    ("server_info_json", _S), ("timings_json", _S), ("started_at", _TS), ("duration_s", _F)),
+                    ("server_info_json", _S), ("timings_json", _S), ("started_at", _TS), ("duration_s", _F),
+                    ("gpu_seconds", _F)),
     "load_steps": _schema(("run_id", _S), ("experiment_id", _S), ("step_index", _I), ("step_id", _S),
                           ("kind", _S), ("rate_rps", _F), ("offered_rps", _F), ("achieved_rps", _F), ("goodput_rps", _F),
                           ("error_rate", _F), ("ttft_p50_ms", _F), ("ttft_p95_ms", _F), ("ttft_p99_ms", _F),
@@ -82,7 +83,8 @@ TABLES: dict[str, pa.Schema] = {
                            ("ratio_median", _F), ("ci_low", _F), ("ci_high", _F), ("margin", _F),
                            ("noise_cv", _F), ("runs_baseline", _I), ("runs_candidate", _I),
                            ("invalid_reasons", _LS), ("correctness_json", _S), ("reason", _S),
-                           ("started_at", _TS), ("finished_at", _TS)),
+                           ("started_at", _TS), ("finished_at", _TS), ("gpu_seconds", _F),
+                           ("shared_control_runs", _I), ("comparisons", _I)),
     "verdicts": _schema(("verdict_id", _S), ("experiment_id", _S), ("stage", _S), ("metric", _S),
                         ("verdict", _S), ("ratio_median", _F), ("ci_low", _F), ("ci_high", _F),
                         ("margin", _F), ("noise_cv", _F), ("n_baseline", _I), ("n_candidate", _I),
@@ -96,14 +98,34 @@ TABLES: dict[str, pa.Schema] = {
                      ("capacity_cv", _F), ("ci_low", _F), ("ci_high", _F), ("reference_rps", _F),
                      ("latency_spread_json", _S), ("measured_at", _TS)),
     "findings": _schema(("finding_id", _S), ("campaign_id", _S), ("kind", _S), ("title", _S),
-                        ("detail_json", _S), ("recorded_at", _TS)),
+                        ("detail_json", _S), ("technique", _S), ("bottleneck", _S), ("model_family", _S),
+                        ("gpu", _S), ("engine_version", _S), ("outcome", _S), ("ratio", _F), ("recorded_at", _TS)),
+    "proposals": _schema(("proposal_id", _S), ("campaign_id", _S), ("round", _I), ("proposer", _S), ("source", _S),
+                         ("direction", _S), ("kind", _S), ("question", _S), ("explanation", _S),
+                         ("intervention_json", _S), ("candidate_hash", _S), ("predicted_ratio", _F), ("ratio_low", _F),
+                         ("ratio_high", _F), ("confidence", _F), ("latency_json", _S), ("falsification", _S),
+                         ("trace_path", _S), ("status", _S), ("reasons", _LS), ("recorded_at", _TS)),
+    "predictions": _schema(("proposal_id", _S), ("experiment_id", _S), ("campaign_id", _S), ("round", _I),
+                           ("proposer", _S), ("direction", _S), ("kind", _S), ("predicted_ratio", _F),
+                           ("ratio_low", _F), ("ratio_high", _F), ("verdict", _S), ("measured_ratio", _F),
+                           ("margin", _F), ("scored", _B), ("predicted_direction", _S), ("measured_direction", _S),
+                           ("direction_hit", _B), ("covered", _B), ("abs_log_error", _F), ("recorded_at", _TS)),
+    "campaign_results": _schema(("campaign_id", _S), ("ended_because", _S), ("original_capacity_rps", _F),
+                                ("final_capacity_rps", _F), ("original_rps_per_gpu", _F), ("final_rps_per_gpu", _F),
+                                ("gain", _F), ("gain_ci_low", _F), ("gain_ci_high", _F), ("lossy", _B),
+                                ("experiments", _I), ("gpu_hours", _F), ("hit_rate", _F), ("coverage", _F),
+                                ("best_config_json", _S), ("review_path", _S), ("finished_at", _TS)),
+    "approvals": _schema(("approval_id", _S), ("campaign_id", _S), ("config_hash", _S), ("decision", _S),
+                         ("who", _S), ("note", _S), ("review_path", _S), ("run_id", _S), ("recorded_at", _TS)),
 }
 
 TABLE_OWNERS = ({t: "autoresearch_dagster.experiments.runs" for t in ("runs", "load_steps", "requests_summary")}
                 | {t: "autoresearch_dagster.experiments.campaign"
                    for t in ("endpoints", "configs", "campaigns", "baselines")}
                 | {t: "autoresearch_dagster.experiments.experiment" for t in ("experiments", "verdicts")}
-                | {"noise": "autoresearch_dagster.experiments.noise", "findings": "autoresearch_dagster.diagnose"})
+                | {"noise": "autoresearch_dagster.experiments.noise", "findings": "autoresearch_dagster.memory"}
+               | {t: "autoresearch_dagster.campaign.loop" for t in ("proposals", "predictions", "campaign_results")}
+               | {"approvals": "autoresearch_dagster.campaign.review"})
 
 # Question views: analysts' common questions, defined over the table views. The interp columns use
 # a run's search capacity where it had no SLA crossing to interpolate, as verdicts do (RunRecord.value).
@@ -142,6 +164,12 @@ QUESTION_VIEWS = {
         LEFT JOIN latest l ON l.endpoint = c.endpoint AND l.campaign_id = c.campaign_id
         LEFT JOIN cap n ON n.endpoint = c.endpoint AND n.campaign_id = c.campaign_id
                        AND n.config_hash = l.current_config_hash""",
+    "prediction_scores": """
+        SELECT endpoint, campaign_id, proposer, direction, count(*) AS scored,
+               avg(CASE WHEN direction_hit THEN 1.0 ELSE 0.0 END) AS hit_rate,
+               avg(CASE WHEN covered THEN 1.0 ELSE 0.0 END) AS coverage,
+               median(abs_log_error) AS median_abs_log_error
+        FROM predictions WHERE scored GROUP BY ALL ORDER BY endpoint, campaign_id, proposer, direction""",
     "verdict_history": """
         SELECT v.endpoint, v.decided_at, v.experiment_id, e.kind, e.candidate_hash, e.baseline_hash,
                v.stage, v.verdict, v.ratio_median, v.ci_low, v.ci_high, v.margin, v.n_baseline,

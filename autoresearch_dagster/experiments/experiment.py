@@ -3,11 +3,21 @@
 Arms are interleaved ABAB..., every run gets its own seed and is recorded (valid or not); invalid
 runs never count and are retried within a per-arm limit. Stages follow ``stats.run_schedule``;
 verdict rules live in ``stats``.
+
+Shared control (``SharedControl``): within a round the baseline does not change, so its arm can be
+shared. The baseline arm then starts from runs measured before (the noise floor's repeats, earlier
+experiments' baseline runs against the same baseline), and each stage adds only a few fresh baseline
+"anchor" runs interleaved with the candidate's (one per ``anchor_every`` candidate runs, at least one),
+which also check that the baseline has not drifted since: anchors whose median leaves the noise
+floor's A/A band drop the earlier runs and the experiment continues with fresh interleaved arms.
+With ``comparisons`` candidates sharing one control, every verdict interval is widened to the
+Bonferroni level ``1 - (1 - DECISION_CONFIDENCE) / comparisons``.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,8 +28,9 @@ import numpy as np
 from autoresearch_dagster.engines.base import DRIFT_PREFIX, Deployment, Engine, EngineError
 from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.experiments.campaign import Campaign, config_rows
+from autoresearch_dagster.experiments.parallel import RunTask, run_many
 from autoresearch_dagster.experiments.runs import (INTERP_METRIC, HarnessSettings, Progress, RunRecord, capacity_metric,
-                                                   estimator_name, execute_run, plain, record_run)
+                                                   estimator_name, plain, record_run)
 from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.spec import Budget, EndpointSpec, config_hash, is_lossy
 
@@ -51,6 +62,9 @@ class ExperimentResult:
     started_at: str = ""
     finished_at: str = ""
     estimator: str = ""  # HarnessSettings.estimator: which per-run capacity ``metric`` selected
+    shared_runs: list[RunRecord] = field(default_factory=list)  # the shared control's earlier baseline runs
+    comparisons: int = 1  # candidates sharing the control (Bonferroni factor of the verdict interval)
+    control_note: str = ""  # what happened to the shared control (drift)
 
     @property
     def baseline_hash(self) -> str:
@@ -64,8 +78,14 @@ class ExperimentResult:
                metric: str | None = None) -> list[float]:
         """The valid runs' values of ``metric`` (default: the verdict's) in one arm."""
         metric = metric or self.metric
-        return [float(r.value(metric)) for r in self.runs
-                if r.arm == arm and r.valid and r.purpose in purposes and r.value(metric) is not None]
+        shared = self.shared_runs if arm == "baseline" and "experiment" in purposes else []
+        return [float(r.value(metric)) for r in shared + self.runs
+                if r.arm == arm and r.valid and (r in shared or r.purpose in purposes) and r.value(metric) is not None]
+
+    @property
+    def gpu_seconds(self) -> float:
+        """GPU time this experiment measured (the shared control's earlier runs were paid for before)."""
+        return float(sum(r.gpu_seconds for r in self.runs))
 
     @property
     def runs_baseline(self) -> int:
@@ -91,6 +111,8 @@ class ExperimentResult:
                 "baseline_hash": self.baseline_hash, "candidate_hash": self.candidate_hash,
                 "stages": self.stages, "run_order": [f"{r.arm[0].upper()}:{r.purpose}" for r in self.runs],
                 "runs": [r.to_dict() for r in self.runs], "estimator": self.estimator,
+                "shared_control_run_ids": [r.run_id for r in self.shared_runs], "comparisons": self.comparisons,
+                "control_note": self.control_note, "gpu_seconds": self.gpu_seconds,
                 "started_at": self.started_at, "finished_at": self.finished_at}
 
     def summary(self) -> dict:
@@ -111,7 +133,8 @@ class ExperimentResult:
             "invalid_reasons": self.invalid_reasons,
             "correctness_json": json.dumps(self.correctness, sort_keys=True, default=str) if self.correctness else None,
             "reason": self.reason, "started_at": dt.datetime.fromisoformat(self.started_at),
-            "finished_at": dt.datetime.fromisoformat(self.finished_at)}]}
+            "finished_at": dt.datetime.fromisoformat(self.finished_at), "gpu_seconds": self.gpu_seconds,
+            "shared_control_runs": len(self.shared_runs), "comparisons": self.comparisons}]}
 
 
 def verdict_rows(experiment_id: str, stage: str, metric: str, v: stats.Verdict) -> dict[str, list[dict]]:
@@ -169,36 +192,73 @@ class RunSource(Protocol):
                  seed: int) -> "RunRecord": ...
 
 
+@dataclass
+class SharedControl:
+    """Baseline runs measured before an experiment that its baseline arm starts from (see the module doc)."""
+    runs: list[RunRecord]
+    anchor_every: int = 1  # one fresh baseline run per this many candidate runs of a stage (at least one)
+
+    def anchors(self, candidate_runs: int) -> int:
+        return max(1, math.ceil(candidate_runs / max(1, self.anchor_every)))
+
+
 class _Experiment:
     """Mutable state of one running experiment: the run counter, seeds, lake writes."""
 
     def __init__(self, endpoint: EndpointSpec, pool: Any, engine: Engine, results: Any, settings: HarnessSettings,
-                 res: ExperimentResult, deadline: float | None, progress: Progress, run_source: "RunSource | None"):
+                 res: ExperimentResult, deadline: float | None, progress: Progress, run_source: "RunSource | None",
+                 control: SharedControl | None = None):
         self.endpoint, self.pool, self.engine, self.results = endpoint, pool, engine, results
         self.settings, self.res, self.deadline, self.progress = settings, res, deadline, progress
         self.run_source = run_source
+        self.control = control
+        self.confidence = 1.0 - (1.0 - stats.DECISION_CONFIDENCE) / max(1, res.comparisons)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
-    def run(self, arm: Arm, purpose: str, mode: str) -> RunRecord:
-        index = len(self.res.runs)
-        seed = self.settings.seed * 1_000_003 + index + 1
+    @property
+    def shared(self) -> bool:
+        return bool(self.res.shared_runs)
+
+    def _task(self, arm: Arm, purpose: str, mode: str, index: int) -> RunTask:
         config = self.res.baseline_config if arm == "baseline" else self.res.candidate_config
-        if self.run_source is not None:
-            rec = self.run_source(arm, config, purpose=purpose, mode=mode, run_index=index, seed=seed)
-        else:
-            rec = execute_run(self.endpoint, config, self.pool, engine=self.engine, arm=arm, run_index=index,
-                              seed=seed, purpose=purpose, settings=self.settings, mode=mode)
+        return RunTask(config=config, arm=arm, run_index=index, seed=self.settings.seed * 1_000_003 + index + 1,
+                       purpose=purpose, mode=mode)
+
+    def _store(self, rec: RunRecord) -> None:
         self.res.runs.append(rec)
         record_run(self.results, self.endpoint.name, rec, experiment_id=self.res.experiment_id,
-                    campaign_id=self.res.campaign_id, gpus=self.endpoint.gpus)
+                   campaign_id=self.res.campaign_id, gpus=self.endpoint.gpus)
         if self.progress:
             val = rec.value(self.res.metric)
-            self.progress(f"  run {index + 1} {arm:9s} {purpose:12s} seed={seed} "
+            self.progress(f"  run {rec.run_index + 1} {rec.arm:9s} {rec.purpose:12s} seed={rec.seed} "
                           f"{self.res.metric}={'-' if val is None else f'{val:.4g}'}"
                           + ("" if rec.valid else f" INVALID: {'; '.join(rec.invalid_reasons)}"))
-        return rec
+
+    def run_batch(self, arms: list[Arm], purpose: str, mode: str) -> None:
+        """Measure one run per entry of ``arms`` (in that order, seeds by position), in parallel where the
+        engine allows (``HarnessSettings.parallel_runs``). Run one at a time, the batch stops at the first
+        run past the budget or that makes the experiment invalid; in parallel it is checked per batch."""
+        start = len(self.res.runs)
+        tasks = [self._task(arm, purpose, mode, start + i) for i, arm in enumerate(arms)]
+        if self.run_source is not None:
+            for t in tasks:
+                if self.stopped():
+                    return
+                self._store(self.run_source(t.arm, t.config, purpose=purpose, mode=mode, run_index=t.run_index,
+                                            seed=t.seed))
+            return
+        run_many(self.endpoint, self.pool, tasks, engine=self.engine, settings=self.settings,
+                 workers=self.settings.parallel_runs, on_done=self._store, should_stop=self.stopped)
+
+    def stopped(self) -> bool:
+        """No further run of this batch: out of time, or the experiment is already invalid."""
+        return self.out_of_time() or bool(self.fatal())
+
+    def run(self, arm: Arm, purpose: str, mode: str) -> RunRecord:
+        self.run_batch([arm], purpose, mode)
+        return self.res.runs[-1]
 
     def fatal(self) -> list[str]:
         """Reasons that make the whole experiment invalid (drift is deterministic; too many invalid runs)."""
@@ -212,23 +272,57 @@ class _Experiment:
         return out
 
     def valid_counts(self, purpose: str) -> dict[str, int]:
-        """Valid runs of this purpose per arm."""
+        """Valid runs of this purpose per arm, measured in this experiment."""
         return {a: sum(1 for r in self.res.runs if r.arm == a and r.valid and r.purpose == purpose)
                 for a in ("baseline", "candidate")}
 
-    def fill(self, target: int, purpose: str, mode: str) -> str | None:
-        """Run ABAB pairs until each arm has ``target`` valid runs of this purpose; returns why it stopped early."""
+    def targets(self, candidate_runs: int) -> dict[str, int]:
+        """Runs per arm a stage of ``candidate_runs`` needs: equal arms, or anchors beside a shared control."""
+        base = self.control.anchors(candidate_runs) if self.shared and self.control else candidate_runs
+        return {"baseline": base, "candidate": candidate_runs}
+
+    def fill(self, targets: dict[str, int] | int, purpose: str, mode: str) -> str | None:
+        """Run ABAB batches until each arm has its target of valid runs of this purpose; returns why it
+        stopped early. Interleaving pairs a baseline with each candidate run while both need runs."""
+        if isinstance(targets, int):
+            targets = {"baseline": targets, "candidate": targets}
         while True:
             have = self.valid_counts(purpose)
-            if min(have.values()) >= target:
+            need = {a: max(0, targets[a] - have[a]) for a in ("baseline", "candidate")}
+            if not any(need.values()):
                 return None
-            for arm in ("baseline", "candidate"):
-                if self.out_of_time():
-                    return "wall-time budget exhausted"
-                if have[arm] < target:
-                    self.run(arm, purpose, mode)
-                if self.fatal():
-                    return "invalid"
+            if self.out_of_time():
+                return "wall-time budget exhausted"
+            arms: list[Arm] = []
+            while need["baseline"] or need["candidate"]:
+                for arm in ("baseline", "candidate"):
+                    if need[arm]:
+                        arms.append(arm)
+                        need[arm] -= 1
+            self.run_batch(arms, purpose, mode)
+            if self.fatal():
+                return "invalid"
+
+    def check_drift(self) -> None:
+        """Drop the shared control when the fresh anchors' median left the A/A band around it."""
+        if not self.shared:
+            return
+        anchors = [float(r.value(self.res.metric)) for r in self.res.runs
+                   if r.arm == "baseline" and r.valid and r.value(self.res.metric) is not None]
+        earlier = [float(r.value(self.res.metric)) for r in self.res.shared_runs
+                   if r.valid and r.value(self.res.metric) is not None]
+        if len(anchors) < 2 or len(earlier) < 2:
+            return
+        cv = self.res.noise_cv if self.res.noise_cv is not None else stats.noise_floor(earlier).cv
+        band = stats.aa_noise_floor(cv, len(earlier), len(anchors), quantile=0.99)
+        ratio = float(np.median(anchors) / np.median(earlier))
+        if abs(ratio - 1) > max(band, self.settings.min_margin):
+            self.res.control_note = (f"shared control dropped: the fresh baseline anchors' median is {ratio:.4f}x the "
+                                     f"earlier runs' (outside the 99% A/A band ±{band:.4f}); the baseline drifted, "
+                                     "so the arms continue with fresh interleaved runs only")
+            if self.progress:
+                self.progress("  " + self.res.control_note)
+            self.res.shared_runs = []
 
     def verdict(self, stage: str, purposes: tuple[str, ...] = ("experiment", "confirmation"),
                 metric: str | None = None) -> stats.Verdict | None:
@@ -240,7 +334,7 @@ class _Experiment:
             self.res.noise_cv = stats.noise_floor(b, seed=self.settings.seed).cv
             self.res.noise_source = "this experiment's baseline runs"
         v = stats.verdict(b, c, noise_cv=self.res.noise_cv or 0.0, min_margin=self.settings.min_margin,
-                          seed=self.settings.seed)
+                          seed=self.settings.seed, confidence=self.confidence)
         self.record(stage, metric, v)
         return v
 
@@ -248,7 +342,8 @@ class _Experiment:
         fallback = sum(1 for r in self.res.runs if r.valid and r.capacity_interp_rps is None) \
             if metric == INTERP_METRIC else 0
         self.res.stages.append({"stage": stage, "metric": metric, "estimator": estimator_name(metric),
-                                "runs_on_search_fallback": fallback, **v.to_dict()})
+                                "runs_on_search_fallback": fallback, "shared_control_runs": len(self.res.shared_runs),
+                                **v.to_dict()})
         if self.progress:
             self.progress(f"  verdict [{stage}] {v.verdict}: ratio={v.ratio_median:.4f} CI=[{v.ci_low:.4f}, "
                           f"{v.ci_high:.4f}] margin={v.margin:.4f} n={v.n_baseline}/{v.n_candidate}")
@@ -261,7 +356,9 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
                    pool: Any, *, engine: Engine, results: Any = None, settings: HarnessSettings | None = None,
                    budget: Budget | None = None, noise_cv: float | None = None, campaign: Campaign | None = None,
                    experiment_id: str | None = None, kind: str = "single", parent_id: str | None = None,
-                   progress: Progress = None, run_source: "RunSource | None" = None) -> ExperimentResult:
+                   progress: Progress = None, run_source: "RunSource | None" = None,
+                   control: SharedControl | None = None, comparisons: int = 1,
+                   correctness: dict[str, Any] | None = None) -> ExperimentResult:
     """Baseline vs candidate on the campaign's pool and SLA, to a verdict with its evidence.
 
     Lossy candidates pass the correctness gate first. Runs interleave ABAB with fresh deployments;
@@ -271,6 +368,9 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
     ``noise_cv`` comes from ``measure_noise``; without it the baseline runs here estimate it.
     ``run_source`` replaces fresh deployments with runs measured earlier by ``execute_run`` (the
     statistical benchmark draws from banks of emulator runs); None measures every run now.
+    ``control`` shares earlier baseline runs (module doc); ``comparisons`` is the number of candidates
+    sharing them (the verdict interval's Bonferroni factor). ``correctness`` is a gate result already
+    known for this baseline/candidate pair (the campaign caches them), so the gate does not run again.
     """
     settings = settings or HarnessSettings()
     mode = settings.mode or endpoint.workload.mode
@@ -286,17 +386,21 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
                            baseline_config=baseline_config, candidate_config=candidate_config,
                            lossy=is_lossy(candidate_config, baseline_config), started_at=utc_now().isoformat(),
                            noise_cv=noise_cv, noise_source="noise_baseline" if noise_cv is not None else "",
-                           estimator=settings.estimator)
+                           estimator=settings.estimator, comparisons=max(1, int(comparisons)),
+                           shared_runs=[r for r in (control.runs if control else []) if r.valid])
     if results is not None:
         results.append_rows(config_rows(candidate_config, source=f"candidate:{res.experiment_id}",
                                         baseline=baseline_config), endpoint=endpoint.name)
-    ex = _Experiment(endpoint, pool, engine, results, settings, res, deadline, progress, run_source)
+    ex = _Experiment(endpoint, pool, engine, results, settings, res, deadline, progress, run_source, control)
     if progress:
         progress(f"experiment {res.experiment_id}: {res.baseline_hash} vs {res.candidate_hash} "
-                 f"(mode {mode}, lossy={res.lossy}, stages {schedule})")
+                 f"(mode {mode}, lossy={res.lossy}, stages {schedule}"
+                 + (f", shared control of {len(res.shared_runs)} runs, {res.comparisons} comparisons" if ex.shared
+                    else "") + ")")
     if res.lossy:
-        res.correctness = correctness_check(endpoint, baseline_config, candidate_config, pool, engine=engine,
-                                            seed=settings.seed, options=settings.gate_options)
+        res.correctness = correctness if correctness is not None else correctness_check(
+            endpoint, baseline_config, candidate_config, pool, engine=engine, seed=settings.seed,
+            options=settings.gate_options)
         if progress:
             progress(f"  correctness gate: passed={res.correctness.get('passed')}")
         if not res.correctness.get("passed"):
@@ -310,10 +414,17 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
     stop = None
     for target in schedule:
         more = stats.next_stage(target, schedule)  # None at the cap
-        stop = ex.fill(target, "experiment", run_mode)
+        stop = ex.fill(ex.targets(target), "experiment", run_mode)
         if stop == "invalid":
             res.invalid_reasons += ex.fatal()
             return _finish(ex, "invalid", "runs cannot support a comparison")
+        shared_before = ex.shared
+        ex.check_drift()
+        if shared_before and not ex.shared:  # the control drifted: redo this stage with equal fresh arms
+            stop = ex.fill(ex.targets(target), "experiment", run_mode)
+            if stop == "invalid":
+                res.invalid_reasons += ex.fatal()
+                return _finish(ex, "invalid", "runs cannot support a comparison")
         v = ex.verdict(f"n={target}")
         if stop or v is None:
             break
@@ -326,6 +437,10 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
             if ex.progress:
                 ex.progress(f"  {outcome.reason}; continuing to n={more} per arm")
             continue
+        if settings.stop_when_not_better and more and stats.not_better(v):
+            v = stats.stop_not_better(v)
+            ex.record("futility", res.metric, v)
+            break
         if v.verdict == "same" and v.margin > settings.min_margin and more:
             # an equivalence shown only within a noise-inflated margin is not "same" at the practical
             # margin: a true -5% change read as "same within ±7%" after 5 runs; more runs shrink the floor
@@ -392,8 +507,10 @@ def _confirm(ex: _Experiment, n: int, mode: str, *, want: str) -> _Outcome:
     """
     res = ex.res
     earlier = {r.run_id for r in res.runs if r.purpose == "confirmation"}
-    have = min(ex.valid_counts("confirmation").values())
-    stop = ex.fill(have + n, "confirmation", mode if want == "better" else ("shape" if mode == "shape" else "capacity"))
+    have = ex.valid_counts("confirmation")
+    more = ex.targets(n)
+    stop = ex.fill({a: have[a] + more[a] for a in have}, "confirmation",
+                   mode if want == "better" else ("shape" if mode == "shape" else "capacity"))
     if stop == "invalid":
         res.invalid_reasons += ex.fatal()
         return _Outcome("invalid", "confirmation runs cannot support a comparison", None, invalid=True)
@@ -420,7 +537,8 @@ def _confirm(ex: _Experiment, n: int, mode: str, *, want: str) -> _Outcome:
         res.invalid_reasons.append("fewer than 2 valid runs per arm after confirmation")
         return _Outcome("invalid", "not enough valid runs", None, invalid=True)
     if not problems:
-        return _Outcome(want, f"confirmed on {n} fresh runs per arm; {pooled.reason}", pooled, confirmed=True)
+        return _Outcome(want, f"confirmed on {len(fresh['candidate'])} fresh candidate and {len(fresh['baseline'])} fresh "
+                              f"baseline runs; {pooled.reason}", pooled, confirmed=True)
     why = f"{want} not confirmed: " + "; ".join(problems)
     if pooled.verdict in (want, "undecided"):
         return _Outcome("undecided", why, pooled)

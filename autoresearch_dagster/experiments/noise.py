@@ -10,8 +10,8 @@ from typing import Any
 from autoresearch_dagster.engines.base import Engine, EngineError
 from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.experiments.campaign import Campaign
-from autoresearch_dagster.experiments.runs import (HarnessSettings, Progress, RunRecord, capacity_metric, execute_run,
-                                                   record_run)
+from autoresearch_dagster.experiments.parallel import RunTask, run_many
+from autoresearch_dagster.experiments.runs import HarnessSettings, Progress, RunRecord, capacity_metric, record_run
 from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.spec import EndpointSpec, config_hash
 
@@ -75,20 +75,32 @@ def measure_noise(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, 
     settings = settings or HarnessSettings()
     recs: list[RunRecord] = []
     valid: list[RunRecord] = []
-    while len(valid) < runs and len(recs) < runs + settings.max_invalid_per_arm:
-        seed = settings.seed * 1_000_003 + 500_000 + len(recs)
-        rec = execute_run(endpoint, config, pool, engine=engine, arm="baseline", run_index=len(recs), seed=seed,
-                          purpose="noise", settings=settings, mode="capacity", reference_rps=reference_rps,
-                          reference_fraction=None if reference_rps else REFERENCE_FRACTION)
+
+    def stored(rec: RunRecord) -> None:
         recs.append(rec)
         if rec.valid:
             valid.append(rec)
-            if reference_rps is None and rec.reference_step:
-                reference_rps = float(rec.reference_step["rate_rps"])
         if progress:
             progress(f"noise run {len(recs)}: capacity={rec.capacity_rps} valid={rec.valid} {rec.invalid_reasons}")
         record_run(results, endpoint.name, rec, experiment_id=None,
                    campaign_id=campaign.campaign_id if campaign else None, gpus=endpoint.gpus)
+
+    while len(valid) < runs and len(recs) < runs + settings.max_invalid_per_arm:
+        # the first valid run fixes the reference rate the others measure their latency spread at; after
+        # it, the remaining runs are independent and go out together (in parallel where the engine allows)
+        n = 1 if reference_rps is None else min(runs - len(valid), runs + settings.max_invalid_per_arm - len(recs))
+        tasks = [RunTask(config=config, arm="baseline", run_index=len(recs) + i,
+                         seed=settings.seed * 1_000_003 + 500_000 + len(recs) + i, purpose="noise", mode="capacity",
+                         reference_rps=reference_rps,
+                         reference_fraction=None if reference_rps else REFERENCE_FRACTION) for i in range(n)]
+        run_many(endpoint, pool, tasks, engine=engine, settings=settings, workers=settings.parallel_runs,
+                 on_done=stored)
+        if reference_rps is None:
+            first = next((r for r in valid if r.reference_step), None)
+            if first is not None:
+                reference_rps = float(first.reference_step["rate_rps"])
+            elif valid:  # a valid run without a reference step (too low a capacity): no spread to measure
+                reference_rps = 0.0
     if len(valid) < runs:
         reasons = sorted({x for r in recs for x in r.invalid_reasons})
         raise EngineError(f"noise: only {len(valid)} of {runs} baseline runs were valid after {len(recs)} attempts: "
@@ -104,7 +116,7 @@ def measure_noise(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, 
     engine_version = next((r.engine_version for r in valid if r.engine_version), "unknown")
     res = NoiseResult(endpoint=endpoint.name, config_hash=config_hash(config),
                       engine=getattr(engine, "name", type(engine).__name__), engine_version=engine_version,
-                      capacities=caps, floor=floor, reference_rps=reference_rps, latency_spread=spread, runs=recs,
+                      capacities=caps, floor=floor, reference_rps=reference_rps or None, latency_spread=spread, runs=recs,
                       noise_id=f"n-{uuid.uuid4().hex[:12]}", estimator=settings.estimator,
                       campaign_id=campaign.campaign_id if campaign else None)
     if results is not None:

@@ -64,6 +64,12 @@ class HarnessSettings:
     # the SLA ratio crosses 1; a run without a crossing falls back to its search capacity), "search" =
     # the highest confirmed passing rate of the grow + bisect search
     estimator: Literal["interp", "search"] = "interp"
+    # runs measured at once on local worker processes (experiments.parallel): the emulator's virtual
+    # GPUs; engines that hold real resources always run one at a time
+    parallel_runs: int = 1
+    # stop a comparison as soon as it cannot be "better" (stats.not_better): what a campaign needs to know
+    # about a candidate; off, the staged procedure runs on until "same" is shown within the practical margin
+    stop_when_not_better: bool = False
 
 
 @dataclass
@@ -90,6 +96,9 @@ class RunRecord:
     timings: dict[str, float] = field(default_factory=dict)
     started_at: str = ""
     warnings: list[str] = field(default_factory=list)  # caveats that do not invalidate the run (short holds)
+    # GPU time the run held: seconds the deployment was up (its virtual clock on the emulator) x the
+    # endpoint's GPUs; what campaign budgets and the cost per verdict count
+    gpu_seconds: float = 0.0
 
     def value(self, metric: str) -> float | None:
         if metric == "replay_capacity":
@@ -114,7 +123,7 @@ class RunRecord:
                "server_info_json": json.dumps(self.server_info, sort_keys=True, default=str),
                "timings_json": json.dumps(self.timings, sort_keys=True),
                "started_at": dt.datetime.fromisoformat(self.started_at),
-               "duration_s": self.timings.get("total_s")}
+               "duration_s": self.timings.get("total_s"), "gpu_seconds": self.gpu_seconds}
         steps, summaries = [], []
         for i, s in enumerate(self.steps + ([self.reference_step] if self.reference_step else [])):
             row = {"run_id": self.run_id, "experiment_id": experiment_id, "step_index": i,
@@ -236,6 +245,8 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
         rec.invalid_reasons.append(f"crash: {type(e).__name__}: {e}"[:500])
     finally:
         if dep is not None:
+            held = getattr(dep, "held_s", None)
+            rec.gpu_seconds = float(held if held is not None else time.monotonic() - t0) * endpoint.gpus
             try:
                 dep.close()
             except Exception as e:  # noqa: BLE001

@@ -254,3 +254,30 @@ def stop_undecided(v: Verdict, why: str) -> Verdict:
               + ("; underpowered: the point estimate is outside the margin" if underpowered else ""))
     return Verdict(**{**asdict(v), "verdict": "same", "equivalence_shown": False,
                       "underpowered": underpowered, "reason": reason})
+
+
+FUTILITY_CONFIDENCE = 0.90  # one-sided: stopping a candidate that cannot win risks only a missed gain
+
+
+def futility_bound(v: Verdict, confidence: float = FUTILITY_CONFIDENCE) -> float:
+    """The one-sided upper bound of the ratio at ``confidence``, scaled from the verdict's interval (its upper
+    half-width times z(confidence) / z(verdict level)): cheaper than a second bootstrap, and a stop for
+    futility needs less certainty than a claim of "better" (a wrong stop costs a missed gain, never a
+    false promotion)."""
+    z_v = float(sps.norm.ppf(0.5 + v.confidence / 2))
+    z_f = float(sps.norm.ppf(confidence))
+    return v.ratio_median + max(0.0, v.ci_high - v.ratio_median) * z_f / z_v
+
+
+def not_better(v: Verdict) -> bool:
+    """Further runs are unlikely to make this comparison "better": its one-sided futility bound lies below
+    1 + margin, and the estimate does not point to a loss (a "worse" still deserves the runs that show it)."""
+    return (v.verdict in ("undecided", "same") and futility_bound(v) < 1 + v.margin
+            and v.ratio_median >= 1 - v.margin)
+
+
+def stop_not_better(v: Verdict) -> Verdict:
+    """Close a comparison that cannot become "better" (``not_better``) as "same", saying so."""
+    reason = (f"same (futility: the one-sided {FUTILITY_CONFIDENCE:.0%} upper bound {futility_bound(v):.4f} is below "
+              f"1+margin={1 + v.margin:.4f}, so more runs would not show a gain); {v.reason}")
+    return Verdict(**{**asdict(v), "verdict": "same", "equivalence_shown": v.verdict == "same", "reason": reason})

@@ -36,3 +36,18 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         t.add_row(*["" if x is None else (f"{x:.6g}" if isinstance(x, float) else str(x)) for x in r])
     Console(width=max(120, min(250, 20 * len(columns)))).print(t)
     print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+class Ticker:
+    """Progress lines of long work on stderr, each stamped with the seconds since it started."""
+
+    def __init__(self, stream: Any = None) -> None:
+        import sys
+        import time
+
+        self._t0 = time.monotonic()
+        self._time = time.monotonic
+        self.stream = stream or sys.stderr
+
+    def __call__(self, message: str) -> None:
+        print(f"[{self._time() - self._t0:7.1f}s] {message}", file=self.stream, flush=True)
