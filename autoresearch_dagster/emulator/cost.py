@@ -16,7 +16,9 @@ weights and a large batch reads nearly all of them (why MoE decode is costlier p
 """
 from __future__ import annotations
 
+import random
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from autoresearch_dagster.emulator.catalog import GiB, GPUSpec, ModelCard
 from autoresearch_dagster.spec import SpecError
@@ -58,6 +60,33 @@ class Efficiency:
 
     def replace(self, **kw) -> "Efficiency":
         return Efficiency(**{**asdict(self), **kw})
+
+
+HIDDEN_SPREAD = 0.30
+
+
+def hidden_efficiency(seed: int, spread: float = HIDDEN_SPREAD) -> Efficiency:
+    """Efficiency factors of an emulated endpoint's own engine: each documented default times a seeded
+    draw from U(1 - spread, 1 + spread), achieved fractions capped below their peak. Deterministic per seed.
+
+    Where an endpoint itself runs on the emulator (the demo, the benchmark suites) these play the part of
+    a real GPU's unknown efficiencies: deployments never report them (``server_info`` shows knobs and
+    version), and the proposers' surrogate (``agents.surrogate``) builds its own emulator from the
+    documented defaults or a calibration on measurements, so it has a wrong model, as it would of a GPU."""
+    if not 0 <= spread < 1:
+        raise SpecError(f"hidden_factors_spread must be in [0, 1), got {spread}")
+    rng = random.Random(f"hidden-factors-{seed}")
+    drawn = {k: v * rng.uniform(1 - spread, 1 + spread) for k, v in asdict(Efficiency()).items()}
+    return Efficiency(**{k: min(v, 0.95) if not k.endswith("_s") else v for k, v in drawn.items()})
+
+
+def endpoint_efficiency(engine_options: dict[str, Any] | None) -> Efficiency | None:
+    """The hidden factors an endpoint spec's ``engine_options`` ask for (``hidden_factors_seed``,
+    ``hidden_factors_spread``), else None (the documented defaults)."""
+    opts = engine_options or {}
+    if opts.get("hidden_factors_seed") is None:
+        return None
+    return hidden_efficiency(int(opts["hidden_factors_seed"]), float(opts.get("hidden_factors_spread", HIDDEN_SPREAD)))
 
 
 class StepCost:

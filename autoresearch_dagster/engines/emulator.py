@@ -6,6 +6,10 @@ runner would measure: TTFT, the gaps between streamed chunks (honouring ``stream
 output tokens, status. The deployment's virtual clock and prefix cache persist across steps until
 ``flush_cache``. HTTP mode starts the emulator's real-time server in a thread and measures it with
 the runner's ``HttpDeployment``.
+
+Hidden factors (``emulator.cost.endpoint_efficiency``): an endpoint whose spec sets
+``engine_options: {hidden_factors_seed: N}`` runs on efficiency factors of its own, never reported by a
+deployment; the proposers' surrogate never uses them.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from typing import Any, Literal
 
 from autoresearch_dagster.emulator.catalog import gpu, model_card
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore, emulator_version
-from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.emulator.cost import Efficiency, endpoint_efficiency
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.profile import write_profile
 from autoresearch_dagster.emulator.sim import simulate
@@ -25,8 +29,6 @@ from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest
 from autoresearch_dagster.spec import EndpointSpec, SpecError, validate_server_config
 
 STEP_GAP_S = 5.0  # virtual idle time between consecutive load steps of one deployment
-
-
 class VirtualDeployment:
     """One emulated server in virtual time (implements the Deployment protocol)."""
 
@@ -39,7 +41,7 @@ class VirtualDeployment:
         self.config = validate_server_config(config)
         self.core = EngineCore(model_card(endpoint.model), gpu(endpoint.hardware.gpu), endpoint.gpus, self.config,
                                seed=seed, noise=noise, efficiency=efficiency)
-        self.clock = 0.0
+        self.clock = 0.0  # virtual seconds since the deployment started
         self.sample_interval_s = sample_interval_s
         self._profile_dir: str | None = None
         self._profile_id: str | None = None
@@ -87,6 +89,11 @@ class VirtualDeployment:
     def flush_cache(self) -> bool:
         return self.core.flush_cache()
 
+    @property
+    def held_s(self) -> float:
+        """Seconds the deployment has held its GPUs: its virtual clock (virtual GPU time counts as GPU time)."""
+        return self.clock
+
     def server_info(self) -> dict[str, Any]:
         return {**self.core.server_info(), "version": emulator_version(), "engine": "emulator", "mode": "virtual"}
 
@@ -128,7 +135,7 @@ class EmulatorEngine:
         gpu(endpoint.hardware.gpu)
         self.endpoint, self.mode = endpoint, mode
         self.noise = noise
-        self.efficiency = efficiency
+        self.efficiency = efficiency if efficiency is not None else endpoint_efficiency(endpoint.engine_options)
 
     def deploy(self, config: dict[str, Any], *, seed: int = 0):
         if self.mode == "virtual":
@@ -145,6 +152,13 @@ class EmulatorEngine:
 
     def version(self) -> str:
         return emulator_version()
+
+    def worker_recipe(self) -> tuple | None:
+        """What a local worker process needs to rebuild this engine (``experiments.parallel``); None in
+        HTTP mode, whose deployments hold sockets and threads of this process."""
+        if self.mode != "virtual":
+            return None
+        return ("emulator", self.endpoint.model_dump_json(), self.noise, self.efficiency)
 
 
 class _HttpEmulatorDeployment(HttpDeployment):
