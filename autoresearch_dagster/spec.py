@@ -414,3 +414,16 @@ class Budget:
     initial_runs_per_arm: int = 5
     max_wall_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CampaignBudget(BaseModel):
+    """What one campaign may spend; reaching a limit ends it cleanly with its state saved.
+
+    GPU-hours count the time deployments held their GPUs: virtual time on the emulator counts as GPU
+    time. ``max_concurrent_gpus`` bounds the deployments measured at once (runs of the emulator go to
+    that many local worker processes; Dagster's ``gpu`` concurrency pool bounds experiment steps)."""
+    model_config = ConfigDict(extra="forbid")
+    max_experiments: int | None = Field(default=20, ge=1)
+    max_gpu_hours: float | None = Field(default=None, gt=0)
+    max_wall_s: float | None = Field(default=None, gt=0, description="deadline, seconds after the campaign started")
+    max_concurrent_gpus: int = Field(default=1, ge=1, le=64)

@@ -1,145 +1,217 @@
-"""Owns the four-part proposal schema and the offline proposals derived from a diagnostic report.
+"""Owns the four-part proposal schema, the brief a proposer session receives and the session it returns.
 
-A proposal is testable research: an explanation (which bottleneck, with the report's evidence),
-an intervention (knob changes against the working baseline), a numeric prediction (the capacity
-ratio it expects) and a falsifier (the verdict that would refute it). Until the offline proposer
-lands, proposals come from two honest sources: candidate files a person wrote for the endpoint,
-and the knobs the report's top hypotheses name.
+A proposal is testable research, in four parts:
+- **explanation**: what limits performance, with the evidence the session read;
+- **intervention**: a prioritized list of knob changes against the working baseline (SGLang's own
+  knob names, ``spec.KNOBS``), or an engine patch;
+- **prediction**: the capacity ratio candidate/baseline as a number with an interval, and the latency
+  term that should move (relative change at the baseline's capacity rate);
+- **falsification**: the outcome that would show the explanation wrong.
+It may name controls and follow-ups. Every proposer (offline, Claude, the search baselines) returns
+this shape; the orchestrator checks it with the guardrails, and only the orchestrator runs
+experiments, through the harness. The same models are the JSON schema the Claude session fills in
+(``submit_proposals``), so a malformed answer fails here with a message the session can act on.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from autoresearch_dagster.spec import KNOBS, config_hash, validate_server_config
+from autoresearch_dagster.spec import KNOBS, SpecError, config_hash
+
+DIRECTIONS = ("scheduling_cache", "speculative", "kernels_quant", "parallel_admission")
+DIRECTION_NAMES = {"scheduling_cache": "scheduling & cache", "speculative": "speculative decoding",
+                   "kernels_quant": "kernels & quantization", "parallel_admission": "parallelism & admission",
+                   "control": "controls & ablations"}
+Kind = Literal["experiment", "control", "combination", "follow_up"]
+
+
+class KnobChange(BaseModel):
+    """One knob set to one value (``null`` leaves it to the server's own default)."""
+    model_config = ConfigDict(extra="forbid")
+    knob: str = Field(description="SGLang ServerArgs field name, e.g. chunked_prefill_size")
+    value: Any = Field(description="the new value (null: the server's default)")
+    why: str = Field(default="", description="what this change does to the bottleneck")
+
+    @model_validator(mode="after")
+    def _valid(self) -> "KnobChange":
+        k = KNOBS.get(self.knob)
+        if k is None:
+            raise ValueError(f"unknown knob {self.knob!r}; known knobs: {', '.join(sorted(KNOBS))}")
+        try:
+            self.value = k.validate(self.value)
+        except SpecError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+
+class EnginePatch(BaseModel):
+    """A change to the serving engine's code: tested only where the engine's source can be patched."""
+    model_config = ConfigDict(extra="forbid")
+    summary: str = Field(min_length=10, description="what the patch changes and why")
+    diff: str = Field(default="", description="unified diff against the engine's source")
+    target: str = Field(default="sglang", description="the engine the diff applies to")
+
+
+class Intervention(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    changes: list[KnobChange] = Field(default_factory=list,
+                                      description="config changes, most important first")
+    patch: EnginePatch | None = None
+    justification: str = Field(default="", description="why a numeric knob may move further than the "
+                                                       "guardrail's maximum step (evidence, not hope)")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "Intervention":
+        if not self.changes and self.patch is None:
+            raise ValueError("an intervention needs at least one knob change or an engine patch")
+        names = [c.knob for c in self.changes]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"an intervention sets each knob once; repeated: {dupes}")
+        return self
+
+    def delta(self) -> dict[str, Any]:
+        """The knob changes as a config mapping."""
+        return {c.knob: c.value for c in self.changes}
+
+
+class LatencyTerm(BaseModel):
+    """A latency quantile the intervention should move, at the baseline's capacity rate."""
+    model_config = ConfigDict(extra="forbid")
+    metric: Literal["ttft", "itl", "tpot", "e2e"]
+    quantile: float = Field(default=99.0, gt=0, lt=100)
+    change: float = Field(description="relative change, e.g. -0.25 for 25% lower", gt=-1.0)
 
 
 class Prediction(BaseModel):
     model_config = ConfigDict(extra="forbid")
     metric: Literal["capacity_ratio"] = "capacity_ratio"
-    value: float = Field(description="predicted median capacity ratio candidate/baseline")
-    basis: str = Field(description="where the number comes from")
+    capacity_ratio: float = Field(gt=0, description="predicted median capacity ratio candidate/baseline")
+    ratio_low: float = Field(gt=0, description="lower end of the prediction interval")
+    ratio_high: float = Field(gt=0, description="upper end of the prediction interval")
+    confidence: float = Field(default=0.8, gt=0, lt=1, description="coverage the interval claims")
+    latency: list[LatencyTerm] = Field(default_factory=list, description="latency terms that should move")
+    basis: str = Field(min_length=3, description="where the numbers come from (model, evidence)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Prediction":
+        if not self.ratio_low <= self.capacity_ratio <= self.ratio_high:
+            raise ValueError(f"the interval [{self.ratio_low}, {self.ratio_high}] must contain the predicted "
+                             f"ratio {self.capacity_ratio}")
+        return self
+
+    @property
+    def direction(self) -> str:
+        """up | down | flat: where the predicted interval lies against 1."""
+        if self.ratio_low > 1.0:
+            return "up"
+        if self.ratio_high < 1.0:
+            return "down"
+        return "flat"
 
 
 class Proposal(BaseModel):
+    """One testable idea; ``candidate_config`` and ``guardrail_notes`` are set by the orchestrator."""
     model_config = ConfigDict(extra="forbid")
-    id: str
+    id: str = Field(pattern=r"^[A-Za-z0-9_.:=+-]{1,120}$")
     endpoint: str
-    source: Literal["candidate_file", "diagnosis"]
-    explanation: str
-    intervention: dict[str, Any] = Field(description="knob -> new value, against the working baseline")
-    candidate_config: dict[str, Any]
+    campaign_id: str | None = None
+    round: int = 0
+    proposer: str = Field(description="offline | claude | random | tpe | orchestrator")
+    source: str = Field(description="recipe name, search, model name, ablation, ...")
+    direction: str
+    kind: Kind = "experiment"
+    question: str = ""
+    explanation: str = Field(min_length=10)
+    evidence: list[str] = Field(default_factory=list)
+    intervention: Intervention
     prediction: Prediction
-    falsifier: str
-    hypothesis: str | None = None
-    direction: str | None = None
+    falsification: str = Field(min_length=10)
+    controls: list[str] = Field(default_factory=list)
+    follow_ups: list[str] = Field(default_factory=list)
+    trace: str | None = Field(default=None, description="path of the session transcript / reasoning trace")
+    candidate_config: dict[str, Any] = Field(default_factory=dict)
+    guardrail_notes: list[str] = Field(default_factory=list)
+    parent_ids: list[str] = Field(default_factory=list, description="proposals this one combines or controls")
+
+    @field_validator("direction")
+    @classmethod
+    def _direction(cls, v: str) -> str:
+        if v not in DIRECTIONS and v != "control":
+            raise ValueError(f"direction {v!r} is not one of {', '.join(DIRECTIONS)} (or control)")
+        return v
 
     @property
     def config_hash(self) -> str:
         return config_hash(self.candidate_config)
 
-
-def _diff(baseline: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
-    keys = set(baseline) | set(candidate)
-    return {k: candidate.get(k) for k in sorted(keys) if candidate.get(k) != baseline.get(k)}
-
-
-def _knob_names(hypothesis: dict[str, Any]) -> list[str]:
-    names = []
-    for k in hypothesis.get("knobs", []):
-        name = k.get("name") if isinstance(k, dict) else k
-        if isinstance(name, str) and name in KNOBS:
-            names.append(name)
-    return names
+    @property
+    def is_patch(self) -> bool:
+        return self.intervention.patch is not None
 
 
-def _suggested_value(hypothesis: dict[str, Any], name: str, baseline: dict[str, Any]) -> Any:
-    """The value the report suggests for a knob, else the first search value that differs from the baseline."""
-    for k in hypothesis.get("knobs", []):
-        if isinstance(k, dict) and k.get("name") == name and "value" in k:
-            return k["value"]
-    k = KNOBS[name]
-    current = k.canonical(baseline.get(name, k.default))
-    for v in k.search_values:
-        if k.canonical(v) != current and v is not None:
-            return v
+class ResearchBrief(BaseModel):
+    """What one proposer session is given: the campaign's facts and one research question."""
+    model_config = ConfigDict(extra="forbid")
+    campaign_id: str
+    round: int
+    endpoint: str
+    model: str
+    gpu: str
+    gpus: int
+    engine: str
+    sla: str
+    pool_id: str
+    baseline_config: dict[str, Any]
+    baseline_hash: str
+    resolved_baseline: dict[str, Any] = Field(default_factory=dict, description="every knob's resolved value")
+    baseline: dict[str, Any] = Field(default_factory=dict, description="capacity median, CI, limiting SLA term")
+    noise: dict[str, Any] = Field(default_factory=dict, description="run-level CV, runs, verdict margin")
+    experiment_ids: list[str] = Field(default_factory=list)
+    history: list[dict[str, Any]] = Field(default_factory=list, description="this campaign's tested changes")
+    prior_findings: list[dict[str, Any]] = Field(default_factory=list, description="memory: similar endpoints")
+    direction: str
+    question: str
+    hypotheses: list[dict[str, Any]] = Field(default_factory=list, description="the report's ranked bottlenecks")
+    max_proposals: int = 3
+    guardrails: dict[str, Any] = Field(default_factory=dict)
+    tested_configs: dict[str, str] = Field(default_factory=dict, description="candidate config hash -> why it is "
+                                                                               "not tested again")
+    gate_failures: list[list[str]] = Field(default_factory=list, description="sets of lossy settings (knob=value) "
+                                                                              "that failed the correctness gate")
+    seed: int = 0
+
+
+@dataclass
+class Session:
+    """One proposer session's outcome: its proposals, the trace behind them, what went wrong."""
+    proposer: str
+    direction: str
+    proposals: list[Proposal] = field(default_factory=list)
+    trace: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    trace_path: str | None = None
+
+
+def lossy_settings(config: dict[str, Any]) -> list[str]:
+    """The config's lossy settings as ``knob=value`` (canonical values)."""
+    return sorted(f"{k}={KNOBS[k].canonical(v)}" for k, v in config.items() if KNOBS[k].meaning(v).lossy)
+
+
+def fails_gate(config: dict[str, Any], baseline: dict[str, Any], failures: list[list[str]]) -> list[str] | None:
+    """The failed set of lossy settings this config repeats (beyond the baseline's own), else None."""
+    mine = set(lossy_settings(config)) - set(lossy_settings(baseline))
+    for failed in failures:
+        if failed and set(failed) <= mine:
+            return failed
     return None
 
 
-def _matching_hypothesis(hypotheses: list[dict[str, Any]], knobs: set[str]) -> dict[str, Any] | None:
-    for h in hypotheses:
-        if knobs & set(_knob_names(h)):
-            return h
-    return None
+class Proposer(Protocol):
+    """A source of proposals; ``propose`` must not run experiments (only the orchestrator does)."""
+    name: str
 
-
-def _evidence_text(h: dict[str, Any]) -> str:
-    ev = h.get("evidence") or []
-    parts = [e if isinstance(e, str) else (e.get("text") or e.get("finding") or str(e)) for e in ev[:3]]
-    return "; ".join(str(p) for p in parts)
-
-
-def make_proposals(endpoint: str, report: dict[str, Any], baseline_config: dict[str, Any],
-                   candidates: dict[str, dict[str, Any]], *, margin: float,
-                   tested: set[str] = frozenset(), top_hypotheses: int = 2) -> list[Proposal]:
-    """Proposals for one round, candidate files first, then the top hypotheses' knobs.
-
-    ``margin`` is the smallest ratio change the verdict can tell from noise (max(2%, noise floor));
-    without a performance model the only defensible numeric prediction is "at least the margin",
-    so that is what each proposal predicts. Configs equal to the baseline or already tested
-    against it (``tested`` holds config hashes) are skipped."""
-    hypotheses = sorted(report.get("hypotheses", []), key=lambda h: -float(h.get("score", 0.0)))
-    total_score = sum(max(float(h.get("score", 0.0)), 0.0) for h in hypotheses) or 1.0
-    base_hash = config_hash(baseline_config)
-    out: list[Proposal] = []
-    seen: set[str] = set(tested) | {base_hash}
-
-    def falsifier(knobs: str, bottleneck: str) -> str:
-        return (f"refuted if the verdict interval (90% CI) of the median capacity ratio does not rise above "
-                f"{1 + margin:.3f} (verdict same or worse): then {knobs} does not relieve {bottleneck}")
-
-    for cid, cand in sorted(candidates.items()):
-        config = validate_server_config({**baseline_config, **cand})
-        h_ = config_hash(config)
-        change = _diff(baseline_config, config)
-        if h_ in seen or not change:
-            continue
-        seen.add(h_)
-        h = _matching_hypothesis(hypotheses, set(change))
-        bottleneck = h.get("bottleneck", "the diagnosed bottleneck") if h else "no diagnosed bottleneck"
-        explanation = (f"candidate file {cid} changes {', '.join(change)}; "
-                       + (f"the report ranks '{bottleneck}' (score {float(h.get('score', 0)):.2f}) and names "
-                          f"these knobs: {_evidence_text(h)}" if h else
-                          "no hypothesis in the report names these knobs, so it is tested as given"))
-        out.append(Proposal(
-            id=f"{cid}", endpoint=endpoint, source="candidate_file", explanation=explanation,
-            intervention=change, candidate_config=config,
-            prediction=Prediction(value=round(1 + margin, 4),
-                                  basis="at least the verdict margin max(2%, noise floor)"),
-            falsifier=falsifier(", ".join(change), bottleneck),
-            hypothesis=h.get("bottleneck") if h else None, direction=h.get("direction") if h else None))
-
-    for h in hypotheses[:top_hypotheses]:
-        share = max(float(h.get("score", 0.0)), 0.0) / total_score
-        for name in _knob_names(h):
-            value = _suggested_value(h, name, baseline_config)
-            if value is None:
-                continue
-            config = validate_server_config({**baseline_config, name: value})
-            h_ = config_hash(config)
-            if h_ in seen:
-                continue
-            seen.add(h_)
-            bottleneck = h.get("bottleneck", "?")
-            out.append(Proposal(
-                id=f"diag-{name}-{value}".replace(" ", ""), endpoint=endpoint, source="diagnosis",
-                explanation=f"the report ranks '{bottleneck}' with score {float(h.get('score', 0)):.2f}: "
-                            f"{_evidence_text(h)}; {name}: {KNOBS[name].tradeoff}",
-                intervention={name: value}, candidate_config=config,
-                prediction=Prediction(value=round(1 + margin, 4),
-                                      basis=f"at least the verdict margin; the hypothesis carries "
-                                            f"{share:.0%} of the report's total score"),
-                falsifier=falsifier(f"{name}={value}", bottleneck),
-                hypothesis=bottleneck, direction=h.get("direction")))
-    return out
+    def propose(self, brief: ResearchBrief, tools: Any) -> Session: ...

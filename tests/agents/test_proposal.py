@@ -1,47 +1,62 @@
-"""Offline four-part proposals from a diagnostic report and candidate files."""
+"""The four-part proposal schema: what a proposer must say, and what the schema refuses."""
 import pytest
 from pydantic import ValidationError
 
-from autoresearch_dagster.agents.proposal import Proposal, make_proposals
-from autoresearch_dagster.spec import config_hash
-
-REPORT = {"hypotheses": [
-    {"bottleneck": "prefill_interference", "direction": "scheduling_cache", "score": 0.6,
-     "evidence": ["TPOT p99 breaks first at 20 rps", "prefill steps interrupt decode 40% of the time"],
-     "knobs": ["enable_mixed_chunk", "chunked_prefill_size"]},
-    {"bottleneck": "missed_prefix_reuse", "direction": "scheduling_cache", "score": 0.3,
-     "evidence": ["prefix hit rate 0.62 in the pool, 0.20 measured"], "knobs": ["schedule_policy"]},
-    {"bottleneck": "burst_queueing", "direction": "parallel_admission", "score": 0.1,
-     "evidence": [], "knobs": ["dp_size"]},
-]}
+from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Prediction, Proposal, fails_gate
 
 
-def test_candidate_files_first_then_the_top_hypotheses_knobs():
-    props = make_proposals("demo", REPORT, {}, {"demo_better": {"enable_mixed_chunk": True}}, margin=0.03)
-    assert props[0].id == "demo_better" and props[0].source == "candidate_file"
-    assert props[0].hypothesis == "prefill_interference"  # matched through the knob it changes
-    assert "TPOT p99 breaks first" in props[0].explanation
-    diag = [p for p in props if p.source == "diagnosis"]
-    # enable_mixed_chunk=True is already the candidate file's config: not proposed twice
-    assert [(p.hypothesis, p.intervention) for p in diag] == [
-        ("prefill_interference", {"chunked_prefill_size": 2048}),
-        ("missed_prefix_reuse", {"schedule_policy": "lpm"}),
-    ]
-    assert "dp_size" not in {k for p in props for k in p.intervention}  # only the top two hypotheses
-    for p in props:
-        assert p.prediction.value == pytest.approx(1.03) and "1.030" in p.falsifier and p.explanation
+def _proposal(**kw):
+    data = dict(id="p1", endpoint="demo", proposer="offline", source="recipe:x", direction="scheduling_cache",
+                explanation="long prefills stall decode (ITL p99/p50 = 5 at the break)",
+                intervention={"changes": [{"knob": "enable_mixed_chunk", "value": True}]},
+                prediction={"capacity_ratio": 1.3, "ratio_low": 1.1, "ratio_high": 1.5, "basis": "surrogate"},
+                falsification="refuted if the verdict is not better")
+    data.update(kw)
+    return Proposal(**data)
 
 
-def test_baseline_equal_and_already_tested_configs_are_left_out():
-    baseline = {"enable_mixed_chunk": True}
-    tested = {config_hash({"enable_mixed_chunk": True, "chunked_prefill_size": 2048})}
-    props = make_proposals("demo", REPORT, baseline, {"demo_better": {"enable_mixed_chunk": True}},
-                           margin=0.02, tested=tested)
-    assert [p.intervention for p in props] == [{"enable_mixed_chunk": False}, {"schedule_policy": "lpm"}]
-    assert all(p.candidate_config["enable_mixed_chunk"] is not None for p in props)
+def test_a_valid_proposal_has_all_four_parts_and_a_direction_of_prediction():
+    p = _proposal()
+    assert p.intervention.delta() == {"enable_mixed_chunk": True}
+    assert p.prediction.direction == "up"
+    assert _proposal(prediction={"capacity_ratio": 0.9, "ratio_low": 0.8, "ratio_high": 0.95,
+                                 "basis": "a model"}).prediction.direction == "down"
 
 
-def test_a_proposal_needs_all_four_parts():
+@pytest.mark.parametrize("field", ["explanation", "intervention", "prediction", "falsification"])
+def test_each_of_the_four_parts_is_required(field):
+    data = _proposal().model_dump()
+    data.pop(field)
     with pytest.raises(ValidationError):
-        Proposal(id="x", endpoint="demo", source="diagnosis", explanation="e", intervention={},
-                 candidate_config={}, falsifier="f")
+        Proposal(**data)
+
+
+def test_the_interval_must_contain_the_predicted_ratio():
+    with pytest.raises(ValidationError, match="must contain"):
+        Prediction(capacity_ratio=1.6, ratio_low=1.1, ratio_high=1.5, basis="a model")
+
+
+def test_unknown_knobs_bad_values_and_repeated_knobs_are_refused():
+    with pytest.raises(ValidationError, match="unknown knob"):
+        KnobChange(knob="gpu_go_brrr", value=1)
+    with pytest.raises(ValidationError, match="not allowed"):
+        KnobChange(knob="schedule_policy", value="random")
+    with pytest.raises(ValidationError, match="each knob once"):
+        Intervention(changes=[{"knob": "page_size", "value": 16}, {"knob": "page_size", "value": 1}])
+    with pytest.raises(ValidationError, match="at least one"):
+        Intervention(changes=[])
+    with pytest.raises(ValidationError, match="direction"):
+        _proposal(direction="vibes")
+
+
+def test_an_engine_patch_is_an_intervention():
+    p = _proposal(intervention={"patch": {"summary": "overlap the detokenizer with the next forward pass"}})
+    assert p.is_patch and p.intervention.delta() == {}
+
+
+def test_a_failed_gate_set_is_recognized_in_supersets_only():
+    failed = [["kv_cache_dtype=fp8_e4m3", "quantization=fp8"]]
+    assert fails_gate({"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "page_size": 16}, {}, failed)
+    assert fails_gate({"kv_cache_dtype": "fp8_e4m3"}, {}, failed) is None  # fp8 KV alone was never refused
+    assert fails_gate({"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
+                      {"kv_cache_dtype": "fp8_e4m3"}, failed) is None  # the baseline already had fp8 KV

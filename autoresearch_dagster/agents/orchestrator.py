@@ -1,0 +1,306 @@
+"""Owns the orchestrator: which research directions a round opens, the proposer sessions it runs in
+parallel (one per direction and proposer), the guardrails and the choice of the round's experiments.
+
+Directions are ranked by the diagnosis (the best hypothesis score of each direction) plus a bonus
+for a direction this campaign has not tried yet; a direction whose last ``exhausted_after``
+experiments gained nothing is set aside while others remain (switch direction when one keeps
+giving "same"). Each session gets a ``ResearchBrief`` with one research question; sessions run in
+parallel threads and their transcripts / reasoning traces are written next to the round plan and
+linked from every proposal. The orchestrator then adds what no single session sees:
+- controls: after a promotion that changed several knobs, each knob reverted alone (does every
+  earlier choice still pay?);
+- follow-ups: good-but-different configs of the diversity pool, re-applied on the new baseline;
+- combinations: the best candidates of two directions with disjoint knobs, combined (their singles
+  in the same round are the controls that say which change carries the gain).
+Every proposal passes ``agents.guardrails``; a lossy value that already failed the correctness gate
+and a config already tested under the same conditions are refused with the reason. The round runs
+the best candidate of each direction first, then the rest by predicted gain, up to the round's
+budget; only evidence-supported candidates (predicted gain at least the noise floor's margin / 2,
+controls aside) are run, and a round with none left is how a campaign runs out of ideas.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoresearch_dagster.agents.guardrails import Guardrails, check
+from autoresearch_dagster.agents.offline import Predictor, diff
+from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, DIRECTIONS, Intervention, KnobChange, Proposal,
+                                                  ResearchBrief, Session, fails_gate)
+from autoresearch_dagster.agents.search import normalize, static_problem
+from autoresearch_dagster.outputs.files import json_safe, write_json
+from autoresearch_dagster.spec import KNOBS, config_hash
+
+EXPLORE_BONUS = 0.05
+
+
+@dataclass
+class DirectionStat:
+    tried: int = 0
+    better: int = 0
+    streak: int = 0  # consecutive experiments of this direction without a gain
+
+    def record(self, verdict: str) -> None:
+        self.tried += 1
+        if verdict == "better":
+            self.better += 1
+            self.streak = 0
+        else:
+            self.streak += 1
+
+
+@dataclass
+class RoundPlan:
+    round: int
+    baseline_hash: str
+    directions: list[dict[str, Any]]
+    proposals: list[Proposal]
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "baseline_hash": self.baseline_hash, "directions": self.directions,
+                "proposals": [p.model_dump(mode="json") for p in self.proposals], "rejected": self.rejected,
+                "sessions": self.sessions, "note": self.note}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RoundPlan":
+        return cls(round=int(d["round"]), baseline_hash=d["baseline_hash"], directions=d.get("directions", []),
+                   proposals=[Proposal.model_validate(p) for p in d.get("proposals", [])],
+                   rejected=d.get("rejected", []), sessions=d.get("sessions", []), note=d.get("note", ""))
+
+
+def choose_directions(hypotheses: list[dict[str, Any]], stats: dict[str, DirectionStat], n: int, *,
+                      exhausted_after: int = 2, gpus: int = 1) -> list[dict[str, Any]]:
+    """The ``n`` directions this round investigates, each with its question and why it was chosen."""
+    best: dict[str, dict[str, Any]] = {}
+    for h in sorted(hypotheses, key=lambda h: -float(h.get("score") or 0)):
+        best.setdefault(h.get("direction"), h)
+    rows = []
+    for d in DIRECTIONS:
+        st = stats.get(d, DirectionStat())
+        h = best.get(d)
+        score = float(h.get("score") or 0) if h else 0.0
+        bonus = EXPLORE_BONUS if st.tried == 0 else 0.0
+        exhausted = st.streak >= exhausted_after
+        rows.append({"direction": d, "score": round(score + bonus - (1.0 if exhausted else 0.0), 4),
+                     "hypothesis": h.get("bottleneck") if h else None, "exhausted": exhausted,
+                     "why": (f"{h['bottleneck']} scores {score:.2f}" if h else "no hypothesis of this direction")
+                            + (" (not tried yet)" if bonus else "")
+                            + (f"; set aside: its last {st.streak} experiments gained nothing" if exhausted else "")})
+    rows.sort(key=lambda r: (-r["score"], r["direction"]))
+    open_rows = [r for r in rows if not r["exhausted"]] or rows
+    out = []
+    for r in open_rows[:n]:
+        h = best.get(r["direction"])
+        name = DIRECTION_NAMES[r["direction"]]
+        if h:
+            ev = "; ".join((h.get("evidence") or [])[:2]) or "no evidence line"
+            q = (f"Which {name} change relieves {h['bottleneck']} ({h.get('summary') or ''}; evidence: {ev}) "
+                 "and raises capacity at the SLA, by how much, and what would show it does not?")
+        else:
+            q = f"Is there a {name} change that raises capacity at the SLA although the diagnosis does not point here?"
+        out.append({**r, "question": q})
+    return out
+
+
+def _save_trace(session: Session, trace_dir: Path | None, round_no: int) -> str | None:
+    if trace_dir is None:
+        return None
+    path = Path(trace_dir) / f"round-{round_no:03d}" / f"{session.proposer}-{session.direction}.json"
+    write_json(path, json_safe({"proposer": session.proposer, "direction": session.direction, "error": session.error,
+                                "proposals": [p.id for p in session.proposals], "trace": session.trace}))
+    return str(path)
+
+
+def _run_session(proposer: Any, brief: ResearchBrief, tools: Any) -> Session:
+    try:
+        return proposer.propose(brief, tools)
+    except Exception as e:  # noqa: BLE001 -- one failed session must not stop the round
+        return Session(proposer=getattr(proposer, "name", type(proposer).__name__), direction=brief.direction,
+                       error=f"{type(e).__name__}: {e}"[:500])
+
+
+@dataclass
+class RoundInputs:
+    """What the orchestrator knows when it plans a round (assembled by the campaign)."""
+    brief: ResearchBrief  # the common brief; direction and question are filled per session
+    stats: dict[str, DirectionStat]
+    tested: dict[str, str]  # candidate config hash -> why it is not tested again
+    gate_failures: dict[str, list[str]]  # experiment id -> the lossy settings (knob=value) it failed the gate with
+    last_promotion: dict[str, Any] | None = None  # {"experiment_id", "delta", "previous_config", "ablated"}
+    diversity_pool: list[dict[str, Any]] = field(default_factory=list)  # {"delta", "direction", "ratio", "id"}
+
+
+def _made(kind: str, pid: str, brief: ResearchBrief, base: dict[str, Any], config: dict[str, Any], pred: dict[str, Any],
+          predictor: Predictor, *, direction: str, explanation: str, falsification: str, parents: list[str],
+          evidence: list[str], justification: str = "") -> Proposal:
+    delta = diff(base, config)
+    return Proposal(id=pid, endpoint=brief.endpoint, campaign_id=brief.campaign_id, round=brief.round,
+                    proposer="orchestrator", source=kind, direction=direction,
+                    kind="control" if kind == "control" else ("combination" if kind == "combination" else "follow_up"),
+                    question=f"{kind}: {explanation[:160]}", explanation=explanation, evidence=evidence,
+                    intervention=Intervention(changes=[KnobChange(knob=k, value=v) for k, v in delta.items()]),
+                    prediction=predictor.prediction(pred), falsification=falsification, parent_ids=parents)
+
+
+def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardrails, predictor: Predictor | None,
+               max_experiments: int, n_directions: int, tools: Any = None, trace_dir: str | Path | None = None,
+               exhausted_after: int = 2) -> RoundPlan:
+    """One round's experiments: directions, sessions in parallel, guardrails, controls, selection."""
+    brief0 = inputs.brief
+    base, resolved = dict(brief0.baseline_config), dict(brief0.resolved_baseline)
+    margin = float(brief0.noise.get("margin") or 0.02)
+    directions = choose_directions(brief0.hypotheses, inputs.stats, n_directions, exhausted_after=exhausted_after,
+                                   gpus=brief0.gpus)
+    jobs = [(p, brief0.model_copy(update={"direction": d["direction"], "question": d["question"]}))
+            for d in directions for p in proposers]
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as ex:
+        sessions = list(ex.map(lambda j: _run_session(j[0], j[1], tools), jobs))
+    session_rows = []
+    candidates: list[Proposal] = []
+    for s in sessions:
+        path = _save_trace(s, Path(trace_dir) if trace_dir else None, brief0.round)
+        s.trace_path = path
+        session_rows.append({"proposer": s.proposer, "direction": s.direction, "proposals": [p.id for p in s.proposals],
+                             "error": s.error, "trace": path})
+        for p in s.proposals:
+            candidates.append(p.model_copy(update={"trace": path}))
+
+    rejected: list[dict[str, Any]] = []
+    accepted: list[Proposal] = []
+    seen: set[str] = set()
+
+    def admit(p: Proposal) -> None:
+        res = check(p, base, resolved, guardrails)
+        reasons = list(res.reasons)
+        if res.accepted:
+            h = config_hash(res.candidate_config)
+            if h in inputs.tested:
+                reasons.append(f"already tested: {inputs.tested[h]}")
+            elif h in seen and not p.is_patch:
+                reasons.append("same candidate config as an earlier proposal of this round")
+            failed = fails_gate(res.candidate_config, base, list(inputs.gate_failures.values()))
+            if failed:
+                exp = next(e for e, f in inputs.gate_failures.items() if f == failed)
+                reasons.append(f"{', '.join(failed)} failed the correctness gate in {exp}")
+        if reasons:
+            rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction,
+                             "intervention": p.intervention.delta(), "reasons": reasons})
+            return
+        seen.add(config_hash(res.candidate_config))
+        accepted.append(p.model_copy(update={"candidate_config": res.candidate_config,
+                                             "guardrail_notes": res.notes}))
+
+    for p in candidates:
+        admit(p)
+
+    extra: list[Proposal] = []
+    if predictor is not None:
+        extra = _orchestrator_proposals(inputs, accepted, predictor, base, resolved, margin, guardrails.max_changes)
+        for p in extra:
+            admit(p)
+
+    def predicted(p: Proposal) -> float:
+        return p.prediction.capacity_ratio
+
+    supported = [p for p in accepted if p.kind == "control" or p.is_patch or predicted(p) >= 1 + margin / 2]
+    for p in accepted:
+        if p not in supported:
+            rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction,
+                             "intervention": p.intervention.delta(),
+                             "reasons": [f"predicted gain {predicted(p) - 1:+.1%} is below half the verdict margin "
+                                         f"({margin:.1%}): not evidence-supported"]})
+    order: list[Proposal] = [p for p in supported if p.kind == "control"][:1]
+    for d in [x["direction"] for x in directions]:
+        mine = sorted((p for p in supported if p.direction == d and p.kind == "experiment"), key=lambda p: -predicted(p))
+        if mine:
+            order.append(mine[0])
+    rest = sorted((p for p in supported if p not in order and p.kind != "control"), key=lambda p: -predicted(p))
+    chosen = (order + rest)[:max_experiments]
+    note = (f"{len(chosen)} experiment(s) from {len(candidates)} session proposal(s) and {len(extra)} of the "
+            f"orchestrator; {len(rejected)} refused")
+    return RoundPlan(round=brief0.round, baseline_hash=brief0.baseline_hash, directions=directions, proposals=chosen,
+                     rejected=rejected, sessions=session_rows, note=note)
+
+
+def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predictor: Predictor,
+                            base: dict[str, Any], resolved: dict[str, Any], margin: float,
+                            max_changes: int) -> list[Proposal]:
+    brief = inputs.brief
+    todo: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []  # (kind, id, config, meta)
+    promo = inputs.last_promotion
+    if promo and not promo.get("ablated") and len(promo.get("delta") or {}) > 1:
+        prev = promo.get("previous_config") or {}
+        for k in promo["delta"]:
+            cfg = normalize({**base, k: prev.get(k)}, base, resolved)
+            todo.append(("control", f"r{brief.round}-control-{k}", cfg,
+                         {"knob": k, "parents": [promo.get("experiment_id") or "promotion"]}))
+    for i, entry in enumerate(inputs.diversity_pool):
+        cfg = normalize({**base, **(entry.get("delta") or {})}, base, resolved)
+        if config_hash(cfg) != config_hash(base) and not static_problem(cfg, brief.gpus):
+            todo.append(("follow_up", f"r{brief.round}-follow-{i}-{config_hash(cfg)[:6]}", cfg, entry))
+    best: dict[str, Proposal] = {}
+    for p in sorted(accepted, key=lambda p: -p.prediction.capacity_ratio):
+        if p.kind == "experiment" and not p.is_patch and p.prediction.capacity_ratio >= 1 + margin:
+            best.setdefault(p.direction, p)
+    tops = list(best.values())
+    for i, a in enumerate(tops):
+        for b in tops[i + 1:]:
+            da, db = diff(base, a.candidate_config), diff(base, b.candidate_config)
+            if set(da) & set(db) or len(da) + len(db) > max_changes:
+                continue
+            cfg = normalize({**base, **da, **db}, base, resolved)
+            if not static_problem(cfg, brief.gpus):
+                todo.append(("combination", f"r{brief.round}-combo-{config_hash(cfg)[:6]}", cfg,
+                             {"parents": [a.id, b.id], "directions": [a.direction, b.direction]}))
+    if not todo:
+        return []
+    preds = predictor.predict(base, [c for _, _, c, _ in todo])
+    out = []
+    for (kind, pid, cfg, meta), pred in zip(todo, preds):
+        if not pred.get("feasible"):
+            continue
+        delta = diff(base, cfg)
+        if kind == "control":
+            out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction="control", parents=meta["parents"],
+                             justification=("a control reverts one knob of a promoted change to its earlier value; "
+                                            "the size of that step was justified by the promotion's own verdict"),
+                             explanation=(f"control after the promotion of {meta['parents'][0]}: revert "
+                                          f"{meta['knob']} alone to its earlier value to check that this earlier "
+                                          "choice still pays in the combination"),
+                             falsification=(f"the choice of {meta['knob']} still pays if this candidate is worse; "
+                                            "if it is same or better the knob carries no gain in the combination"),
+                             evidence=[f"promoted change: {json.dumps(promo.get('delta'), sort_keys=True, default=str)}"]))
+        elif kind == "follow_up":
+            out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction=meta.get("direction") or "control",
+                             parents=[meta.get("id", "")],
+                             explanation=(f"follow-up from the diversity pool: {json.dumps(meta.get('delta'), default=str)} "
+                                          f"measured {meta.get('ratio', 0):.3f}x against an earlier baseline; "
+                                          "re-applied on the new baseline to see whether its gain adds up"),
+                             falsification="refuted if the candidate is not better: the earlier gain does not add to "
+                                           "the promoted change (they compete for the same resource)",
+                             evidence=[f"earlier verdict {meta.get('verdict')} at ratio {meta.get('ratio', 0):.3f}"]))
+        else:
+            out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction=meta["directions"][0],
+                             parents=meta["parents"],
+                             explanation=(f"combination of {meta['parents'][0]} ({meta['directions'][0]}) and "
+                                          f"{meta['parents'][1]} ({meta['directions'][1]}): disjoint knobs "
+                                          f"{', '.join(delta)} whose gains may add up; the singles in this round are "
+                                          "its controls"),
+                             falsification="refuted if the combination is not better than the better single: the "
+                                           "two changes relieve the same bottleneck",
+                             evidence=[f"singles predicted {', '.join(p for p in meta['parents'])}"]))
+    return out
+
+
+def summarize_plan(plan: RoundPlan) -> list[dict[str, Any]]:
+    """A row per chosen proposal (what the UI table and the CLI show)."""
+    return [{"id": p.id, "proposer": p.proposer, "direction": p.direction, "kind": p.kind,
+             "intervention": p.intervention.delta(), "predicted": p.prediction.capacity_ratio,
+             "interval": [p.prediction.ratio_low, p.prediction.ratio_high], "trace": p.trace}
+            for p in plan.proposals]
