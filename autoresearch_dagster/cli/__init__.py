@@ -15,7 +15,7 @@ import sys
 from autoresearch_dagster.spec import SpecError
 
 # command group -> module (kept explicit so --help order is stable)
-_GROUPS = ["pool", "replay", "emulator", "noise", "experiment", "correctness", "diagnose", "sql"]
+_GROUPS = ["pool", "replay", "emulator", "noise", "experiment", "campaign", "correctness", "diagnose", "sql"]
 PLUGIN_GROUP = "autoresearch.commands"
 
 

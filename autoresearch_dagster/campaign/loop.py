@@ -1,0 +1,764 @@
+"""Owns the campaign loop: measure the working baseline, diagnose it, plan a round, run the round's
+experiments through the shared harness, close the round (score, remember, promote, spend), repeat,
+and finish with the best confirmed config and a review package.
+
+Every step is a method of ``CampaignRunner`` that loads nothing but the saved state and writes it
+back atomically, so the same steps serve the CLI (``run`` drives them in one process), the Dagster
+assets (one step per asset, the back edges owned by sensors) and the benchmarks:
+
+- ``measure``: the era's noise floor (``experiments.noise``); its runs become the era's shared control;
+  the surrogate is calibrated on them; a promotion's re-measured gain is checked (replication);
+- ``diagnose``: the diagnostic report (or one the caller measured) and its hypotheses;
+- ``plan``: the orchestrator's round (``agents.orchestrator``) within the budget left;
+- ``run_proposal``: one experiment against the shared control (parallel-safe: it writes only its file);
+- ``close``: scores, memory, direction statistics, the diversity pool, the corrector's residuals and
+  the promotion decision, then what comes next (promote, another round, or the end);
+- ``set_baseline``: a promotion (or a rollback) becomes the next era;
+- ``finish``: ``campaign.json``, the progress plot and the review package (``campaign.review``).
+
+Between promotions the baseline is unchanged, so rounds repeat without re-measuring noise or
+re-diagnosing. A failed correctness gate is a verdict (invalid: correctness) and the loop goes on.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from autoresearch_dagster.agents import scoring
+from autoresearch_dagster.agents.guardrails import Guardrails, resolved_config
+from autoresearch_dagster.agents.offline import OfflineProposer, Predictor, diff
+from autoresearch_dagster.agents.orchestrator import DirectionStat, RoundInputs, RoundPlan, plan_round
+from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Proposal, ResearchBrief, lossy_settings
+from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
+from autoresearch_dagster.agents.tools import ToolBox
+from autoresearch_dagster.campaign.state import CampaignSettings, CampaignState, Era
+from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.experiments import stats
+from autoresearch_dagster.experiments.campaign import Campaign, record_promotion, start_campaign
+from autoresearch_dagster.experiments.experiment import SharedControl, run_experiment
+from autoresearch_dagster.experiments.parallel import max_workers
+from autoresearch_dagster.experiments.runs import HarnessSettings, RunRecord
+from autoresearch_dagster.measure.profiles import MeasurementProfile, measurement_profile
+from autoresearch_dagster.memory import Conditions, Memory, finding_rows, model_family, outcome, technique
+from autoresearch_dagster.outputs.files import json_safe, write_json
+from autoresearch_dagster.results import utc_now
+from autoresearch_dagster.spec import KNOBS, Budget, EndpointSpec, SpecError, config_hash, is_lossy
+
+Say = Callable[[str], None]
+
+
+def _now() -> str:
+    return utc_now().isoformat()
+
+
+def gate_key(baseline: dict[str, Any], candidate: dict[str, Any]) -> str:
+    """What the correctness gate's answer depends on: the numerics of both configs."""
+    def numerics(c: dict[str, Any]) -> str:
+        return ",".join(f"{k}={KNOBS[k].canonical(c.get(k, KNOBS[k].default))}" for k in KNOBS
+                        if any(KNOBS[k].meaning(v).lossy for v in list(KNOBS[k].meanings)))
+    return f"{numerics(baseline)}|{numerics(candidate)}"
+
+
+class CampaignRunner:
+    """One endpoint's campaign on one pool, SLA and correctness requirement (see the module docstring)."""
+
+    def __init__(self, endpoint: EndpointSpec, pool: Any, *, engine: Any, out_dir: str | Path,
+                 settings: CampaignSettings | None = None, measurement: str | MeasurementProfile = "standard",
+                 results: Any = None, memory: Memory | None = None, say: Say | None = None,
+                 proposers: list[Any] | None = None, fresh: bool = False, origin: str | None = None):
+        """``fresh``: start anew even when ``out_dir`` holds a campaign (it is kept as state.<time>.json);
+        ``origin``: what started this campaign (a seeding run): a saved state of another origin, or of
+        another campaign identity (pool, SLA, correctness), is archived and a new one starts; otherwise
+        the saved state resumes."""
+        self.endpoint, self.pool, self.engine, self.results = endpoint, pool, engine, results
+        self.settings = settings or CampaignSettings()
+        self.profile = measurement_profile(measurement) if isinstance(measurement, str) else measurement
+        self.dir = Path(out_dir)
+        self.memory = memory
+        self.say = say or (lambda _m: None)
+        self._proposers = proposers
+        self.origin = origin
+        self.campaign: Campaign = start_campaign(endpoint, pool, results=results,
+                                                 engine_name=getattr(engine, "name", endpoint.engine))
+        self.state_path = self.dir / "state.json"
+        state = CampaignState.load(self.state_path) if self.state_path.exists() else None
+        if state is not None and (fresh or state.campaign_id != self.campaign.campaign_id
+                                  or (origin is not None and state.origin != origin)):
+            self.state_path.rename(self.dir / f"state.{dt.datetime.now().strftime('%Y%m%dT%H%M%S%f')}.json")
+            state = None
+        self.state = state or self._new_state()
+        self.save()
+        b = self.settings.budget
+        self.workers = max(1, min(b.max_concurrent_gpus // max(1, endpoint.gpus), max_workers()))
+        self._surrogate: Surrogate | None = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _new_state(self) -> CampaignState:
+        c = self.campaign
+        config = dict(self.endpoint.server_config)
+        era = Era(index=0, config=config, config_hash=config_hash(config), reason="original", set_at=_now())
+        return CampaignState(campaign_id=c.campaign_id, endpoint=self.endpoint.name, created_at=_now(), origin=self.origin,
+                             settings=self.settings.model_dump(mode="json"), pool_hash=c.pool_hash, sla=c.sla,
+                             correctness_hash=c.correctness_hash, engine=c.engine, gpus=self.endpoint.gpus, eras=[era])
+
+    def save(self) -> None:
+        self.state.save(self.state_path)
+
+    def harness(self) -> HarnessSettings:
+        return HarnessSettings(capacity=self.profile.capacity, seed=self.settings.seed, parallel_runs=self.workers,
+                               confirm=self.settings.confirm == "fresh_runs", stop_when_not_better=True)
+
+    def time_left(self) -> float | None:
+        limit = self.settings.budget.max_wall_s
+        if limit is None:
+            return None
+        started = dt.datetime.fromisoformat(self.state.created_at)
+        return limit - (utc_now() - started).total_seconds()
+
+    def budget_problem(self, *, noise_cost: bool = False) -> str | None:
+        """Why the campaign may not spend more (None: it may), checked before every step that measures."""
+        b, spent = self.settings.budget, self.state.spent
+        left = self.time_left()
+        if left is not None and left <= 0:
+            return f"deadline: {b.max_wall_s:.0f} s since the campaign started"
+        if b.max_experiments is not None and not noise_cost and spent["experiments"] >= b.max_experiments:
+            return f"budget: {b.max_experiments} experiments"
+        if b.max_gpu_hours is not None:
+            need = (self.state.era.noise or {}).get("gpu_seconds", 0.0) if noise_cost else 0.0
+            if spent["gpu_seconds"] + need >= b.max_gpu_hours * 3600:
+                return f"budget: {b.max_gpu_hours:g} GPU-hours"
+        return None
+
+    def _era_dir(self, era: Era | None = None) -> Path:
+        return self.dir / "eras" / f"{(era or self.state.era).index:02d}"
+
+    def control_runs(self, era: Era | None = None) -> list[RunRecord]:
+        path = self._era_dir(era) / "control_runs.json"
+        if not path.exists():
+            return []
+        return [RunRecord(**{k: v for k, v in d.items() if k in RunRecord.__dataclass_fields__})
+                for d in json.loads(path.read_text())]
+
+    def _add_control_runs(self, runs: list[RunRecord]) -> None:
+        keep = self.control_runs() + [r for r in runs if r.valid]
+        write_json(self._era_dir() / "control_runs.json", json_safe([r.to_dict() for r in keep]))
+        self.state.era.control_run_ids = [r.run_id for r in keep]
+
+    def conditions(self) -> Conditions:
+        from autoresearch_dagster.pool.workload import workload_stats
+
+        if not hasattr(self, "_traits"):
+            w = workload_stats(list(self.pool.iter_requests("serving")))
+            self._traits = {"mean_prompt_tokens": float(w.prompt_tokens.get("mean") or 0.0),
+                            "mean_output_tokens": float(w.output_tokens.get("mean") or 0.0),
+                            "prefix_hit_rate": float(w.prefix_hit_rate),
+                            "interarrival_cv": float(w.interarrival_cv or 0.0)}
+        version = (self.state.era.noise or self.state.original.noise or {}).get("engine_version", "unknown")
+        return Conditions(engine=self.state.engine, engine_version=str(version), model=self.endpoint.model,
+                          gpu=self.endpoint.hardware.gpu, gpus=self.endpoint.gpus, pool_hash=self.state.pool_hash,
+                          traits={k: v for k, v in self._traits.items() if v is not None})
+
+    def profile_for_memory(self) -> dict[str, Any]:
+        c = self.conditions()
+        return {"model_family": c.model_family, "gpu": c.gpu, "traits": c.traits}
+
+    # ------------------------------------------------------------------ the model
+
+    def surrogate(self) -> Surrogate:
+        if self._surrogate is None:
+            eff = self.state.surrogate.get("efficiency")
+            base_cap = ((self.state.era.noise or {}).get("median") or 1.0)
+            cap = self.profile.capacity
+            from dataclasses import replace
+
+            cap = replace(cap, start_rps=max(0.25, round(base_cap / 4, 3)))
+            self._surrogate = Surrogate(self.endpoint, self.pool, capacity=cap,
+                                        efficiency=Efficiency(**eff) if eff else None, seed=self.settings.seed,
+                                        workers=self.workers)
+            self._surrogate.calibration = self.state.surrogate.get("calibration")
+            cache = self.dir / "surrogate_cache.json"
+            if cache.exists():
+                saved = json.loads(cache.read_text())
+                if saved.get("model") == self._surrogate.model_id:
+                    from autoresearch_dagster.agents.surrogate import SurrogatePoint
+
+                    self._surrogate.cache = {h: SurrogatePoint(**p) for h, p in saved.get("points", {}).items()}
+        return self._surrogate
+
+    def _save_surrogate(self) -> None:
+        if self._surrogate is not None:
+            write_json(self.dir / "surrogate_cache.json",
+                       json_safe({"model": self._surrogate.model_id,
+                                  "points": {h: p.__dict__ for h, p in self._surrogate.cache.items()}}))
+
+    def corrector(self) -> Corrector:
+        cv = float((self.state.era.noise or {}).get("cv") or 0.03)
+        c = Corrector(measurement_cv=cv)
+        for r in self.state.residuals:
+            c.add(r["knobs"], r["predicted"], r["measured"])
+        return c
+
+    def predictor(self) -> Predictor:
+        return Predictor(self.surrogate(), self.corrector())
+
+    def guardrails(self) -> Guardrails:
+        return Guardrails(gpus=self.endpoint.gpus)
+
+    def proposers(self) -> list[Any]:
+        if self._proposers is not None:
+            return self._proposers
+        out: list[Any] = []
+        if self.settings.proposer in ("offline", "both"):
+            out.append(OfflineProposer(self.predictor(), self.guardrails(), search_trials=self.settings.search_trials,
+                                       batch=max(2, self.workers)))
+        if self.settings.proposer in ("claude", "both"):
+            from autoresearch_dagster.agents.claude import ClaudeProposer
+
+            out.append(ClaudeProposer(model=self.settings.claude_model, guardrails=self.guardrails()))
+        return out
+
+    # ------------------------------------------------------------------ steps
+
+    @property
+    def running(self) -> bool:
+        return self.state.status == "running"
+
+    def current_plan(self) -> RoundPlan | None:
+        """The round planned and not closed yet (what the experiment steps run), if any."""
+        if not self.state.rounds or self.state.rounds[-1].get("status") != "planned":
+            return None
+        return RoundPlan.from_dict(json.loads(Path(self.state.rounds[-1]["plan"]).read_text()))
+
+    def end_decision(self) -> dict[str, Any]:
+        """The decision a step reports once the campaign has ended (nothing to promote, nothing next)."""
+        return {"round": len(self.state.rounds), "era": self.state.era.index, "promote": False, "proposal_id": None,
+                "experiment_id": None, "config": None, "ratio": None, "ci": None, "next": "end",
+                "ended_because": self.state.ended_because, "reason": f"campaign ended: {self.state.ended_because}",
+                "decided_at": _now()}
+
+    def measure(self) -> Era:
+        """The era's noise floor; its runs become the shared control; calibration; replication check."""
+        from autoresearch_dagster.experiments.noise import measure_noise
+
+        era = self.state.era
+        if not self.running:
+            return era
+        problem = self.budget_problem(noise_cost=True)
+        if problem and era.index > 0:
+            return self._end(problem)
+        self.say(f"era {era.index}: noise floor of {era.config_hash} ({self.profile.noise_runs} runs)")
+        noise = measure_noise(self.endpoint, era.config, self.pool, engine=self.engine, runs=self.profile.noise_runs,
+                              results=self.results, settings=self.harness(), campaign=self.campaign,
+                              progress=lambda m: self.say("  " + m))
+        valid = [r for r in noise.runs if r.valid]
+        self._add_control_runs(valid)
+        gpu_s = float(sum(r.gpu_seconds for r in noise.runs))
+        self.state.spent["gpu_seconds"] += gpu_s
+        margin = stats.decision_margin(noise.capacity_cv, self.budget(),
+                                       min_margin=self.harness().min_margin)
+        median_run = min(valid, key=lambda r: abs((r.value("capacity_interp_rps") or 0) - noise.floor.median))
+        failing = [t for st in median_run.steps if not st.get("meets_sla", True) for t in st.get("failed_terms") or []]
+        era.noise = {"noise_id": noise.noise_id, "median": noise.floor.median, "ci_low": noise.floor.ci_low,
+                     "ci_high": noise.floor.ci_high, "cv": noise.capacity_cv, "capacities": noise.capacities,
+                     "margin": margin, "gpu_seconds": gpu_s, "engine_version": noise.engine_version,
+                     "resolved": resolved_config(median_run.server_info), "limiting": str(failing[0]) if failing else "",
+                     "median_run_id": median_run.run_id, "runs": len(noise.capacities)}
+        write_json(self._era_dir() / "noise.json", json_safe(noise.to_dict()))
+        self.say(f"  capacity {noise.floor.median:.2f} req/s (95% CI {noise.floor.ci_low:.2f}-{noise.floor.ci_high:.2f}), "
+                 f"CV {noise.capacity_cv:.2%}, verdict margin {margin:.2%}")
+        if era.index > 0:
+            self._replication(era)
+        if self.settings.calibrate:
+            self._calibrate(era, median_run)
+        self.state.phase = "diagnose"
+        self.save()
+        return era
+
+    def budget(self) -> Budget:
+        return Budget(initial_runs_per_arm=self.profile.initial_runs_per_arm,
+                      max_runs_per_arm=self.profile.max_runs_per_arm)
+
+    def _replication(self, era: Era) -> None:
+        prev = self.state.eras[era.index - 1]
+        before = [float(r.value("capacity_interp_rps")) for r in self.control_runs(prev)
+                  if r.value("capacity_interp_rps") is not None]
+        after = era.noise["capacities"]
+        if len(before) < 2 or len(after) < 2:
+            return
+        v = stats.verdict(before, after, noise_cv=float(era.noise["cv"]), min_margin=self.harness().min_margin,
+                          seed=self.settings.seed)
+        src = next((e for e in self.state.experiments if e["experiment_id"] == era.source_experiment_id), {})
+        replicated = v.ratio_median >= 1 + float((prev.noise or {}).get("margin") or 0.02) / 2
+        era.replication = {"ratio": v.ratio_median, "ci_low": v.ci_low, "ci_high": v.ci_high, "verdict": v.verdict,
+                           "experiment_ratio": src.get("ratio_median"), "replicated": bool(replicated),
+                           "rollback_checked": False}
+        self.say(f"  promotion re-measured: {v.ratio_median:.3f}x the previous baseline (experiment said "
+                 f"{src.get('ratio_median') or float('nan'):.3f}x): {'replicated' if replicated else 'NOT replicated'}")
+
+    def _calibrate(self, era: Era, median_run: RunRecord) -> None:
+        try:
+            sur = self.surrogate()
+            before = sur.model_id
+            cal = sur.calibrate(era.config, median_run.steps)
+        except (SpecError, ValueError) as e:
+            self.say(f"  surrogate calibration skipped: {e}")
+            return
+        self.state.surrogate = {"efficiency": sur.efficiency.__dict__, "calibration": cal}
+        if sur.model_id != before:
+            self.say(f"  surrogate calibrated on {cal.get('points')} steps: error {cal.get('error_before', 0):.1%} -> "
+                     f"{cal.get('error_after', 0):.1%} ({', '.join(f'{k}={v:.3g}' for k, v in cal['params'].items())})")
+
+    def diagnose(self, report: dict[str, Any] | None = None, report_path: str | None = None) -> dict[str, Any]:
+        """Diagnose the era's baseline (reusing its median noise run's load curve), or take ``report``."""
+        era = self.state.era
+        if not self.running:
+            return {"hypotheses": era.hypotheses}
+        if report is None:
+            from autoresearch_dagster.diagnose import diagnose
+
+            noise = json.loads((self._era_dir() / "noise.json").read_text())
+            curve = next((r for r in noise["run_details"] if r["run_id"] == era.noise["median_run_id"]), None)
+            out = self._era_dir() / "diagnosis"
+            rep = diagnose(self.endpoint, self.pool, engine=self.engine, config=era.config, out_dir=out, capacity=curve,
+                           measurement=self.profile, probes=self.settings.diagnosis_probes, memory_path=self.memory.root / "probes.jsonl" if self.memory
+                           else None, seed=self.settings.seed, progress=lambda m: self.say("  " + m))
+            report = json_safe(rep.to_json())
+            report_path = str(write_json(out / "report.json", report))
+            (out / "report.md").write_text(rep.to_markdown())
+        era.hypotheses = list(report.get("hypotheses") or [])
+        era.report_path = report_path
+        top = era.hypotheses[:3]
+        self.say("  hypotheses: " + "; ".join(f"{h['bottleneck']} ({float(h['score']):.2f})" for h in top))
+        self.state.phase = "plan"
+        self.save()
+        return report
+
+    def _brief(self, round_no: int) -> ResearchBrief:
+        era = self.state.era
+        n = era.noise or {}
+        history = [{k: e.get(k) for k in ("experiment_id", "proposal_id", "proposer", "direction", "kind",
+                                          "intervention", "candidate_config", "candidate_hash", "baseline_hash",
+                                          "prediction", "verdict", "ratio_median", "ci_low", "ci_high", "reason")}
+                   for e in self.state.experiments]
+        prior = self.memory.similar(self.profile_for_memory(), exclude_endpoint=self.endpoint.name) if self.memory else []
+        return ResearchBrief(
+            campaign_id=self.state.campaign_id, round=round_no, endpoint=self.endpoint.name, model=self.endpoint.model,
+            gpu=self.endpoint.hardware.gpu, gpus=self.endpoint.gpus, engine=self.state.engine, sla=self.state.sla,
+            pool_id=self.state.pool_hash, baseline_config=era.config, baseline_hash=era.config_hash,
+            resolved_baseline=n.get("resolved") or {},
+            baseline={"capacity_rps": n.get("median"), "ci": [n.get("ci_low"), n.get("ci_high")],
+                      "capacity_rps_per_gpu": (n.get("median") or 0) / self.endpoint.gpus,
+                      "limiting_sla_term": n.get("limiting")},
+            noise={"cv": n.get("cv"), "runs": n.get("runs"), "margin": n.get("margin")},
+            experiment_ids=[e["experiment_id"] for e in self.state.experiments], history=history,
+            prior_findings=prior, direction="scheduling_cache", question="", hypotheses=era.hypotheses,
+            max_proposals=2, guardrails=self.guardrails().describe(), tested_configs=self._tested(),
+            gate_failures=list(self.state.gate_failures.values()), seed=self.settings.seed)
+
+    def _tested(self) -> dict[str, str]:
+        era = self.state.era
+        out = {e["candidate_hash"]: f"{e['verdict']} in {e['experiment_id']} (this campaign)"
+               for e in self.state.experiments if e.get("baseline_hash") == era.config_hash}
+        if self.memory:
+            out = {**self.memory.tested(self.endpoint.name, era.config_hash, self.conditions()), **out}
+        return out
+
+    def _toolbox(self) -> ToolBox:
+        era = self.state.era
+        report = json.loads(Path(era.report_path).read_text()) if era.report_path and Path(era.report_path).exists() \
+            else {"hypotheses": era.hypotheses}
+        curve = []
+        for r in self.control_runs()[:1]:
+            curve = [{k: s.get(k) for k in ("rate_rps", "achieved_rps", "meets_sla", "failed_terms", "ttft_ms",
+                                             "tpot_ms", "itl_ms", "e2e_ms")} for s in r.steps]
+        history = [{k: e.get(k) for k in ("experiment_id", "intervention", "verdict", "ratio_median", "ci_low",
+                                          "ci_high", "prediction", "baseline_hash")} for e in self.state.experiments]
+        profile = self.profile_for_memory() if self.memory else {}
+
+        def query(knob: str | None) -> list[dict[str, Any]]:
+            rows = self.memory.similar(profile, k=20) if self.memory else []
+            return [r for r in rows if knob is None or knob in r["technique"]]
+
+        return ToolBox(report=report, load_curve=curve, history=history, memory_query=query)
+
+    def plan(self) -> RoundPlan | None:
+        """The next round's experiments (None when the campaign ended instead)."""
+        if not self.running:
+            return None
+        problem = self.budget_problem()
+        if problem:
+            self._end(problem)
+            return None
+        era = self.state.era
+        round_no = len(self.state.rounds) + 1
+        b = self.settings.budget
+        left = (b.max_experiments - int(self.state.spent["experiments"])) if b.max_experiments else 10 ** 6
+        brief = self._brief(round_no)
+        stats_ = {d: DirectionStat(**s) for d, s in self.state.direction_stats.items()}
+        pool_entries = [p for p in self.state.diversity_pool if era.index not in p.get("tried_in_eras", [])]
+        inputs = RoundInputs(brief=brief, stats=stats_, tested=self._tested(), gate_failures=dict(self.state.gate_failures),
+                             last_promotion=self.state.last_promotion, diversity_pool=pool_entries)
+        self.say(f"round {round_no} (era {era.index}): orchestrator opens {self.settings.directions_per_round} "
+                 "direction(s)")
+        plan = plan_round(inputs, self.proposers(), guardrails=self.guardrails(), predictor=self.predictor(),
+                          max_experiments=min(self.settings.experiments_per_round, left),
+                          n_directions=self.settings.directions_per_round, tools=self._toolbox(),
+                          trace_dir=self.dir / "traces", exhausted_after=self.settings.exhausted_after)
+        rollback = self._rollback_control(brief)
+        if rollback is not None:
+            plan.proposals = [rollback] + plan.proposals[:max(0, min(self.settings.experiments_per_round, left) - 1)]
+        self._save_surrogate()
+        for s in plan.sessions:
+            self.say(f"  session {s['proposer']}/{s['direction']}: {len(s['proposals'])} proposal(s)"
+                     + (f" ERROR {s['error']}" if s.get("error") else ""))
+        for p in plan.proposals:
+            self.say(f"  -> {p.id} [{p.proposer}/{p.kind}] {json.dumps(p.intervention.delta(), default=str)} predicted "
+                     f"{p.prediction.capacity_ratio:.3f} [{p.prediction.ratio_low:.3f}, {p.prediction.ratio_high:.3f}]")
+        for r in plan.rejected[:6]:
+            self.say(f"  refused {r['proposal_id']}: {'; '.join(r['reasons'])[:160]}")
+        path = write_json(self.dir / "rounds" / f"{round_no:03d}" / "plan.json", json_safe(plan.to_dict()))
+        if self.results is not None:
+            self.results.append_rows(self._proposal_rows(plan), endpoint=self.endpoint.name)
+        for p in pool_entries:
+            p.setdefault("tried_in_eras", []).append(era.index)
+        era.rounds += 1
+        self.state.rounds.append({"round": round_no, "era": era.index, "plan": str(path),
+                                  "proposals": [p.id for p in plan.proposals], "experiments": [], "status": "planned",
+                                  "directions": [d["direction"] for d in plan.directions], "note": plan.note})
+        if not plan.proposals:
+            why = ("every direction is exhausted" if not plan.directions else
+                   "no evidence-supported experiment left")
+            self._end(why)
+            return None
+        self.state.phase = "experiment"
+        self.save()
+        return plan
+
+    def _rollback_control(self, brief: ResearchBrief) -> Proposal | None:
+        era = self.state.era
+        rep = era.replication
+        if not rep or rep.get("replicated") or rep.get("rollback_checked") or era.previous_config is None:
+            return None
+        rep["rollback_checked"] = True
+        prev = dict(era.previous_config)
+        pred = self.predictor().predict(era.config, [prev])[0]
+        if not pred.get("feasible"):
+            return None
+        return Proposal(
+            id=f"r{brief.round}-rollback-{era.index}", endpoint=brief.endpoint, campaign_id=brief.campaign_id,
+            round=brief.round, proposer="orchestrator", source="rollback", direction="control", kind="control",
+            question="Does the promoted change keep its gain on fresh runs?",
+            explanation=(f"the promotion of {era.source_experiment_id} did not replicate when its noise floor was "
+                         f"re-measured ({rep['ratio']:.3f}x the previous baseline against "
+                         f"{rep.get('experiment_ratio') or 0:.3f}x in the experiment); the previous config is "
+                         "tested against it, and promoted back if it is better"),
+            evidence=[f"re-measured ratio {rep['ratio']:.3f} (CI {rep['ci_low']:.3f}-{rep['ci_high']:.3f})"],
+            intervention=Intervention(changes=[KnobChange(knob=k, value=v) for k, v in diff(era.config, prev).items()]),
+            prediction=self.predictor().prediction(pred),
+            falsification="the promotion stands if the previous config is not better than it",
+            candidate_config=prev)
+
+    def _proposal_rows(self, plan: RoundPlan) -> dict[str, list[dict]]:
+        now = utc_now()
+        rows = []
+        for p, status, reasons in [(p, "planned", []) for p in plan.proposals]:
+            rows.append({"proposal_id": p.id, "campaign_id": self.state.campaign_id, "round": plan.round,
+                         "proposer": p.proposer, "source": p.source, "direction": p.direction, "kind": p.kind,
+                         "question": p.question, "explanation": p.explanation,
+                         "intervention_json": json.dumps(p.intervention.model_dump(mode="json"), sort_keys=True),
+                         "candidate_hash": p.config_hash, "predicted_ratio": p.prediction.capacity_ratio,
+                         "ratio_low": p.prediction.ratio_low, "ratio_high": p.prediction.ratio_high,
+                         "confidence": p.prediction.confidence,
+                         "latency_json": json.dumps([t.model_dump() for t in p.prediction.latency]),
+                         "falsification": p.falsification, "trace_path": p.trace, "status": status,
+                         "reasons": reasons, "recorded_at": now})
+        for r in plan.rejected:
+            rows.append({"proposal_id": r["proposal_id"], "campaign_id": self.state.campaign_id, "round": plan.round,
+                         "proposer": r.get("proposer"), "direction": r.get("direction"), "status": "refused",
+                         "intervention_json": json.dumps(r.get("intervention"), sort_keys=True, default=str),
+                         "reasons": [str(x) for x in r.get("reasons") or []], "recorded_at": now})
+        return {"proposals": rows}
+
+    def run_proposal(self, plan: RoundPlan, proposal: Proposal) -> dict[str, Any]:
+        """One experiment of the round against the era's shared control (writes only its own file)."""
+        era = self.state.era
+        out = self.dir / "rounds" / f"{plan.round:03d}" / "experiments" / f"{proposal.id}.json"
+        if out.exists():  # a resumed round: this experiment already ran
+            return json.loads(out.read_text())["record"]
+        base = {"experiment_id": f"e-{uuid.uuid4().hex[:12]}", "proposal_id": proposal.id, "round": plan.round,
+                "era": era.index, "proposer": proposal.proposer, "source": proposal.source,
+                "direction": proposal.direction, "kind": proposal.kind, "intervention": proposal.intervention.delta(),
+                "candidate_config": proposal.candidate_config, "candidate_hash": config_hash(proposal.candidate_config),
+                "baseline_hash": era.config_hash, "prediction": proposal.prediction.model_dump(mode="json"),
+                "trace": proposal.trace, "lossy": is_lossy(proposal.candidate_config, era.config)}
+        if proposal.is_patch:
+            record = {**base, "verdict": "invalid", "confirmed": False, "ratio_median": None, "ci_low": None,
+                      "ci_high": None, "margin": None, "gpu_seconds": 0.0, "runs": 0, "ran": False,
+                      "reason": f"engine patch not testable here: the {self.state.engine} engine has no patchable "
+                                "source (CPU checks and a rehearsal need the engine's source tree)",
+                      "invalid_reasons": ["engine patch not testable here"], "correctness": None}
+            write_json(out, json_safe({"record": record}))
+            return record
+        left = self.time_left()
+        budget = Budget(initial_runs_per_arm=self.profile.initial_runs_per_arm,
+                        max_runs_per_arm=self.profile.max_runs_per_arm,
+                        max_wall_s=max(1.0, left) if left is not None else None)
+        key = gate_key(era.config, proposal.candidate_config)
+        self.say(f"experiment {proposal.id}: {json.dumps(proposal.intervention.delta(), default=str)}")
+        res = run_experiment(self.endpoint, era.config, proposal.candidate_config, self.pool, engine=self.engine,
+                             results=self.results, settings=self.harness(), budget=budget,
+                             noise_cv=float(era.noise["cv"]), campaign=self.campaign,
+                             experiment_id=base["experiment_id"], kind=proposal.kind, parent_id=proposal.id,
+                             progress=lambda m: self.say("  " + m),
+                             control=SharedControl(self.control_runs(), anchor_every=self.settings.anchor_every),
+                             comparisons=max(1, len(plan.proposals)), correctness=self.state.gate_cache.get(key))
+        v = res.stats
+        record = {**base, "experiment_id": res.experiment_id, "verdict": res.verdict, "confirmed": res.confirmed,
+                  "ratio_median": v.ratio_median if v else None, "ci_low": v.ci_low if v else None,
+                  "ci_high": v.ci_high if v else None, "margin": v.margin if v else None,
+                  "confidence": v.confidence if v else None, "gpu_seconds": res.gpu_seconds, "runs": len(res.runs),
+                  "ran": True, "reason": res.reason, "invalid_reasons": res.invalid_reasons,
+                  "correctness": res.correctness, "gate_key": key, "control_note": res.control_note,
+                  "anchor_run_ids": [r.run_id for r in res.runs if r.arm == "baseline" and r.valid],
+                  "lossy": res.lossy}
+        write_json(out, json_safe({"record": record, "result": res.summary(),
+                                   "anchors": [r.to_dict() for r in res.runs if r.arm == "baseline" and r.valid]}))
+        self.say(f"  -> {res.verdict.upper()}" + (f" ratio {v.ratio_median:.3f} [{v.ci_low:.3f}, {v.ci_high:.3f}]" if v
+                                                   else "") + f" ({res.reason[:120]})")
+        return record
+
+    def run_round(self, plan: RoundPlan) -> list[dict[str, Any]]:
+        """Every experiment of the plan, one after another (each runs its runs in parallel); the ones the
+        deadline leaves no time for are recorded as not run."""
+        out = []
+        for p in plan.proposals:
+            if self.budget_problem() and out:
+                self.say(f"  {p.id} not run: {self.budget_problem()}")
+                continue
+            out.append(self.run_proposal(plan, p))
+        return out
+
+    def close(self, plan: RoundPlan | None, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """Score, remember and decide after a round (see the module docstring); returns the decision."""
+        if plan is None or not self.running:
+            return self.end_decision()
+        era, st = self.state.era, self.state
+        margin = float(era.noise.get("margin") or 0.02)
+        cond = self.conditions()
+        findings, predictions = [], []
+        sur = self.surrogate()
+        for rec in records:
+            if any(e["experiment_id"] == rec["experiment_id"] for e in st.experiments):
+                continue
+            rec = dict(rec)
+            rec["score"] = scoring.score(rec["prediction"], rec["verdict"], rec.get("ratio_median"), margin)
+            if rec.get("ran"):
+                st.spent["experiments"] += 1
+                st.spent["gpu_seconds"] += float(rec.get("gpu_seconds") or 0.0)
+            gate_failed = rec.get("correctness") is not None and not rec["correctness"].get("passed")
+            if rec["direction"] != "control" and rec.get("ran") and not gate_failed:
+                # a gate failure is a correctness finding (learned as such), not a sign the direction is spent
+                s = DirectionStat(**st.direction_stats.get(rec["direction"], {}))
+                s.record(rec["verdict"])
+                st.direction_stats[rec["direction"]] = s.__dict__
+            if rec.get("correctness") is not None and rec.get("gate_key"):
+                st.gate_cache[rec["gate_key"]] = rec["correctness"]
+                failed = sorted(set(lossy_settings(rec["candidate_config"])) - set(lossy_settings(era.config)))
+                if not rec["correctness"].get("passed") and failed:
+                    st.gate_failures[rec["experiment_id"]] = failed
+            if rec["verdict"] in ("better", "same", "worse") and rec.get("ratio_median"):
+                pts = sur.evaluate([era.config, rec["candidate_config"]])
+                if pts[0].feasible and pts[1].feasible and pts[0].capacity_rps > 0 and pts[1].capacity_rps > 0:
+                    st.residuals.append({"knobs": sorted(rec["intervention"]),
+                                         "predicted": pts[1].capacity_rps / pts[0].capacity_rps,
+                                         "measured": rec["ratio_median"], "experiment_id": rec["experiment_id"]})
+            if rec.get("anchor_run_ids"):
+                anchors = json.loads((self.dir / "rounds" / f"{plan.round:03d}" / "experiments" /
+                                      f"{rec['proposal_id']}.json").read_text()).get("anchors", [])
+                self._add_control_runs([RunRecord(**{k: v for k, v in a.items() if k in RunRecord.__dataclass_fields__})
+                                        for a in anchors])
+            self._attribute(rec)
+            self._diversity(rec, margin)
+            bottleneck = next((h["bottleneck"] for h in era.hypotheses if set(rec["intervention"]) & set(h.get("knobs", []))),
+                              None)
+            finding = {"endpoint": self.endpoint.name, "campaign_id": st.campaign_id,
+                       "experiment_id": rec["experiment_id"], "technique": technique(rec["intervention"]),
+                       "bottleneck": bottleneck, "direction": rec["direction"], "outcome": outcome(rec["verdict"]),
+                       "verdict": rec["verdict"], "ratio": rec.get("ratio_median"), "ci": [rec.get("ci_low"),
+                                                                                           rec.get("ci_high")],
+                       "lossy": rec.get("lossy"), "model": self.endpoint.model, "model_family": cond.model_family,
+                       "gpu": cond.gpu, "gpus": cond.gpus, "engine_version": cond.engine_version,
+                       "traits": cond.traits, "reason": rec.get("reason", "")[:300]}
+            if self.memory is not None:
+                self.memory.record(self.endpoint.name, {
+                    "campaign_id": st.campaign_id, "experiment_id": rec["experiment_id"],
+                    "baseline_hash": rec["baseline_hash"], "candidate_hash": rec["candidate_hash"],
+                    "intervention": rec["intervention"], "candidate_config": rec["candidate_config"],
+                    "verdict": rec["verdict"], "ratio": rec.get("ratio_median"),
+                    "ci": [rec.get("ci_low"), rec.get("ci_high")], "reason": rec.get("reason", "")[:300],
+                    "conditions_key": cond.key(), "conditions": cond.__dict__}, finding if rec.get("ran") else None)
+            if rec.get("ran"):
+                findings.append(finding)
+            predictions.append(self._prediction_row(rec, plan.round, margin))
+            st.experiments.append(rec)
+        if self.results is not None:
+            if findings:
+                self.results.append_rows(finding_rows(findings, st.campaign_id), endpoint=self.endpoint.name)
+            if predictions:
+                self.results.append_rows({"predictions": predictions}, endpoint=self.endpoint.name)
+        if self.memory is not None:
+            self.memory.commit(f"{self.endpoint.name}: round {plan.round} of campaign {st.campaign_id}")
+        self._save_surrogate()
+        decision = self._decide(plan, [e for e in st.experiments if e["round"] == plan.round])
+        st.rounds[-1].update({"experiments": [e["experiment_id"] for e in st.experiments if e["round"] == plan.round],
+                              "status": "closed", "decision": decision})
+        st.decisions.append(decision)
+        st.phase = "end" if decision["next"] == "end" else ("measure" if decision["promote"] else "plan")
+        if decision["next"] == "end":
+            self._end(decision["ended_because"])
+        self.save()
+        return decision
+
+    def _prediction_row(self, rec: dict[str, Any], round_no: int, margin: float) -> dict[str, Any]:
+        s, p = rec["score"], rec["prediction"]
+        return {"proposal_id": rec["proposal_id"], "experiment_id": rec["experiment_id"],
+                "campaign_id": self.state.campaign_id, "round": round_no, "proposer": rec["proposer"],
+                "direction": rec["direction"], "kind": rec["kind"], "predicted_ratio": p["capacity_ratio"],
+                "ratio_low": p["ratio_low"], "ratio_high": p["ratio_high"], "verdict": rec["verdict"],
+                "measured_ratio": rec.get("ratio_median"), "margin": margin, "scored": s["scored"],
+                "predicted_direction": s["predicted_direction"], "measured_direction": s["measured_direction"],
+                "direction_hit": s["direction_hit"], "covered": s["covered"], "abs_log_error": s["abs_log_error"],
+                "recorded_at": utc_now()}
+
+    def _attribute(self, rec: dict[str, Any]) -> None:
+        promo = self.state.last_promotion
+        if rec["kind"] != "control" or not promo or rec["source"] == "rollback":
+            return
+        knob = rec["proposal_id"].rsplit("control-", 1)[-1]
+        role = {"worse": "carries gain (reverting it loses capacity)", "same": "no effect in the combination",
+                "better": "harmful in the combination"}.get(rec["verdict"], "unknown (invalid runs)")
+        promo.setdefault("attribution", {})[knob] = {"role": role, "verdict": rec["verdict"],
+                                                     "ratio": rec.get("ratio_median"),
+                                                     "experiment_id": rec["experiment_id"]}
+        promo["ablated"] = len(promo["attribution"]) >= len(promo.get("delta") or {})
+
+    def _diversity(self, rec: dict[str, Any], margin: float) -> None:
+        if not rec.get("ratio_median") or rec["verdict"] not in ("better", "same") or rec["kind"] == "control":
+            return
+        if rec["verdict"] == "same" and rec["ratio_median"] < 1 + margin / 2:
+            return
+        if rec.get("correctness") is not None and not rec["correctness"].get("passed"):
+            return
+        pool = [p for p in self.state.diversity_pool if p["technique"] != technique(rec["intervention"])]
+        pool.append({"id": rec["experiment_id"], "delta": rec["intervention"], "technique": technique(rec["intervention"]),
+                     "direction": rec["direction"], "ratio": rec["ratio_median"], "verdict": rec["verdict"],
+                     "tried_in_eras": [self.state.era.index]})
+        pool.sort(key=lambda p: -p["ratio"])
+        self.state.diversity_pool = pool[: self.settings.diversity_size]
+
+    def _decide(self, plan: RoundPlan, round_records: list[dict[str, Any]]) -> dict[str, Any]:
+        era = self.state.era
+        eligible = [r for r in round_records
+                    if r["verdict"] == "better" and not r.get("invalid_reasons")
+                    and (r.get("confirmed") or self.settings.confirm == "remeasure")
+                    and (r.get("correctness") is None or r["correctness"].get("passed"))]
+        summary = ", ".join(f"{r['proposal_id']}: {r['verdict']}" for r in round_records) or "nothing ran"
+        decision: dict[str, Any] = {"round": plan.round, "era": era.index, "promote": False, "proposal_id": None,
+                                    "experiment_id": None, "config": None, "ratio": None, "ci": None,
+                                    "decided_at": _now()}
+        if eligible:
+            best = max(eligible, key=lambda r: (r.get("ci_low") or 0.0, r.get("ratio_median") or 0.0))
+            decision.update(promote=True, proposal_id=best["proposal_id"], experiment_id=best["experiment_id"],
+                            config=best["candidate_config"], ratio=best["ratio_median"],
+                            ci=[best["ci_low"], best["ci_high"]], kind=best["kind"],
+                            reason=(f"{best['proposal_id']} is better: median ratio {best['ratio_median']:.3f}, "
+                                    f"CI [{best['ci_low']:.3f}, {best['ci_high']:.3f}], margin {best['margin']:.3f}"
+                                    + ("" if best.get("confirmed") else "; to be confirmed by its re-measured noise "
+                                                                        "floor")))
+        else:
+            decision["reason"] = f"no promotable better candidate ({summary})"
+        problem = self.budget_problem(noise_cost=decision["promote"])
+        if problem and decision["promote"]:
+            decision.update(promote=False, reason=decision["reason"] + f"; not promoted: {problem} (no room to "
+                                                                       "re-measure a new baseline)")
+            self.state.open_questions.append(f"{decision['proposal_id']} measured better ({decision['ratio']:.3f}x) "
+                                             f"but the campaign ran out of budget before promoting it")
+        decision["next"] = "end" if problem else "continue"
+        decision["ended_because"] = problem
+        return decision
+
+    def set_baseline(self, config: dict[str, Any], *, experiment_id: str | None, reason: str = "promotion") -> Era:
+        """A promoted (or rolled-back) config becomes the next era; the original stays the reference."""
+        cur = self.state.era
+        if config_hash(config) == cur.config_hash:
+            return cur
+        src = next((e for e in self.state.experiments if e["experiment_id"] == experiment_id), {})
+        if src.get("source") == "rollback":
+            reason = "rollback"
+        era = Era(index=cur.index + 1, config=dict(config), config_hash=config_hash(config), reason=reason,
+                  set_at=_now(), source_experiment_id=experiment_id, delta=diff(cur.config, config),
+                  previous_config=dict(cur.config))
+        self.state.eras.append(era)
+        self.state.last_promotion = {"experiment_id": experiment_id, "delta": era.delta, "previous_config": cur.config,
+                                     "ablated": len(era.delta) < 2, "era": era.index}
+        self.state.diversity_pool = [p for p in self.state.diversity_pool
+                                     if diff(config, {**config, **p["delta"]}) and p["id"] != experiment_id]
+        if self.results is not None:
+            record_promotion(self.results, self.campaign, config, experiment_id=experiment_id)
+        self._surrogate = None
+        self.state.phase = "measure"
+        self.save()
+        self.say(f"promoted {experiment_id}: era {era.index} baseline {era.config_hash} "
+                 f"({json.dumps(era.delta, default=str)})")
+        return era
+
+    def _end(self, why: str) -> Era:
+        if self.state.status != "ended":
+            self.say(f"campaign ends: {why}")
+        self.state.status, self.state.ended_because, self.state.ended_at = "ended", why, _now()
+        self.state.phase = "end"
+        self.save()
+        return self.state.era
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> dict[str, Any]:
+        """Drive the campaign to its end in this process (the CLI and the benchmarks); returns the report."""
+        t0 = time.monotonic()
+        plan: RoundPlan | None = None
+        while self.state.status == "running":
+            phase = self.state.phase
+            if phase == "measure":
+                self.measure()
+            elif phase == "diagnose":
+                self.diagnose()
+            elif phase == "plan":
+                plan = self.plan()
+            elif phase in ("experiment", "close"):
+                if plan is None:
+                    plan = RoundPlan.from_dict(json.loads(Path(self.state.rounds[-1]["plan"]).read_text()))
+                records = self.run_round(plan)
+                decision = self.close(plan, records)
+                if decision["promote"]:
+                    self.set_baseline(decision["config"], experiment_id=decision["experiment_id"])
+                plan = None
+            else:
+                break
+        self.state.spent["wall_s"] = float(self.state.spent.get("wall_s", 0.0)) + time.monotonic() - t0
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        """campaign.json, the progress plot, the review package and the lake's campaign_results row."""
+        from autoresearch_dagster.campaign.report import build_report
+
+        if self.state.status != "ended":
+            self._end("stopped before its budget")
+        report = build_report(self)
+        self.save()
+        return report
+

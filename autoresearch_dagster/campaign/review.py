@@ -1,0 +1,153 @@
+"""Owns the human side of a campaign: the review package of its best confirmed config and the recorded
+approval decision.
+
+Working baselines are promoted automatically inside a campaign; production is not. The review
+package (``<campaign dir>/review/``) holds what a person needs to decide: the config diff against
+the original, the SGLang launch command, the gain at the SLA with its interval, lossless or lossy
+with the correctness results, the evidence trail (every era and the experiments behind it, with
+their verdicts and traces) and the open questions. An approval is a recorded human action (who,
+decision, note): appended to the package's ``approvals.jsonl`` and the lake's ``approvals`` table.
+Nothing is deployed by the product.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import uuid
+from pathlib import Path
+from typing import Any
+
+from autoresearch_dagster.outputs.files import atomic_write_text, json_safe, write_json
+from autoresearch_dagster.results import utc_now
+from autoresearch_dagster.spec import KNOBS, SpecError, launch_flags
+
+DECISIONS = ("approve", "reject", "request_changes")
+
+
+def launch_command(endpoint: Any, config: dict[str, Any]) -> str:
+    model = (endpoint.engine_options or {}).get("model_path") or endpoint.model
+    return " ".join(["python", "-m", "sglang.launch_server", "--model-path", shlex.quote(str(model)),
+                     *[shlex.quote(f) for f in launch_flags(config)]])
+
+
+def config_diff(original: dict[str, Any], proposed: dict[str, Any]) -> dict[str, list[Any]]:
+    keys = sorted(set(original) | set(proposed), key=lambda k: list(KNOBS).index(k) if k in KNOBS else 999)
+    return {k: [original.get(k), proposed.get(k)] for k in keys if original.get(k) != proposed.get(k)}
+
+
+def write_review_package(report: dict[str, Any], state: Any, endpoint: Any, out: Path) -> Path:
+    out = Path(out)
+    best = report["best_config"]
+    diff = config_diff(report["original_config"], best)
+    review_id = f"rv-{report['campaign_id']}-{report['best_config_hash']}"
+    trail = []
+    for era in report["eras"]:
+        trail.append({"era": era["index"], "reason": era["reason"], "config_hash": era["config_hash"],
+                      "capacity_rps": era["capacity_rps"], "source_experiment_id": era["source_experiment_id"],
+                      "delta": era["delta"], "replication": era["replication"]})
+    evidence = {"eras": trail, "experiments": [{k: e.get(k) for k in ("id", "proposal_id", "source", "kind", "direction",
+                                                                     "intervention", "prediction", "verdict", "ratio_median",
+                                                                     "ci", "confirmed", "correctness_passed", "trace",
+                                                                     "reason")} for e in report["experiments"]]}
+    ci = report.get("gain_ci") or [None, None]
+    cmd = launch_command(endpoint, best)
+    package = {"review_id": review_id, "campaign_id": report["campaign_id"], "endpoint": report["endpoint"],
+               "sla": report["sla"], "config_hash": report["best_config_hash"], "original_config": report["original_config"],
+               "proposed_config": best, "config_diff": diff, "launch_command": cmd,
+               "gain": {"ratio": report["gain"], "ci": ci, "confidence": report["gain_confidence"],
+                        "original_rps_per_gpu": report["original_rps_per_gpu"],
+                        "final_rps_per_gpu": report["final_rps_per_gpu"]},
+               "lossy": report["lossy"], "correctness": report["correctness"], "evidence": evidence,
+               "open_questions": report["open_questions"], "ended_because": report["ended_because"],
+               "created_at": utc_now().isoformat()}
+    write_json(out / "review.json", json_safe(package), sort_keys=False)
+    write_json(out / "config_diff.json", json_safe({"original": report["original_config"], "proposed": best,
+                                                    "changes": diff}))
+    write_json(out / "evidence.json", json_safe(evidence))
+    atomic_write_text(out / "launch_command.sh", "#!/bin/sh\n# the reviewed config; nothing runs it for you\n" + cmd + "\n")
+    gain_line = (f"{report['gain']:.3f}x (90% CI {ci[0]:.3f}-{ci[1]:.3f}): {report['original_rps_per_gpu']:.2f} -> "
+                 f"{report['final_rps_per_gpu']:.2f} req/s/GPU at the SLA" if report["gain"] is not None
+                 else "not measured")
+    changes = "\n".join(f"| `{k}` | {json.dumps(a)} | {json.dumps(b)} |" for k, (a, b) in diff.items()) \
+        or "| (none) | | |"
+    corr = "\n".join(f"- {c['experiment_id']} {json.dumps(c.get('intervention'), default=str)}: "
+                     f"{'passed' if c.get('passed') else 'FAILED'}" for c in report["correctness"]) \
+        or "- no lossy change on the path to this config: no gate needed"
+    eras = "\n".join(f"- era {t['era']} ({t['reason']}): `{t['config_hash']}` "
+                     f"{(t['capacity_rps'] or 0):.2f} req/s" + (f", from {t['source_experiment_id']} "
+                                                               f"{json.dumps(t['delta'], default=str)}"
+                                                               if t["source_experiment_id"] else "")
+                     + (f"; re-measured {t['replication']['ratio']:.3f}x "
+                        f"({'replicated' if t['replication']['replicated'] else 'not replicated'})"
+                        if t.get("replication") else "") for t in trail)
+    questions = "\n".join(f"- {q}" for q in report["open_questions"]) or "- none"
+    readme = f"""# Review: {report['endpoint']} — campaign {report['campaign_id']}
+
+Review id `{review_id}`. Nothing is deployed by AutoResearch: this package asks for a decision.
+
+**Gain at the SLA ({report['sla']})**: {gain_line}.
+**{'LOSSY' if report['lossy'] else 'Lossless'}** change. Campaign ended because: {report['ended_because']}.
+
+## Config diff (original -> proposed)
+
+| knob | original | proposed |
+|---|---|---|
+{changes}
+
+## Launch command
+
+```sh
+{cmd}
+```
+
+## Correctness
+
+{corr}
+
+## Evidence trail
+
+{eras}
+
+Every experiment, its prediction, verdict and the proposer's trace: `evidence.json`.
+
+## Open questions
+
+{questions}
+
+## Decide
+
+`dagster job launch -j approve_production` (config: who, decision approve | reject | request_changes, note) or
+`autoresearch campaign approve --review {out} --who NAME --decision approve --note "..."`.
+"""
+    atomic_write_text(out / "README.md", readme)
+    return out
+
+
+def record_approval(review_dir: str | Path, *, who: str, decision: str, note: str = "", results: Any = None,
+                    run_id: str | None = None) -> dict[str, Any]:
+    """A person's decision on a review package: appended to ``approvals.jsonl`` and the lake."""
+    review_dir = Path(review_dir)
+    path = review_dir / "review.json"
+    if not path.is_file():
+        raise SpecError(f"{review_dir} is not a review package (no review.json)")
+    if decision not in DECISIONS:
+        raise SpecError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+    if not who.strip():
+        raise SpecError("an approval names who decided (--who)")
+    package = json.loads(path.read_text())
+    row = {"approval_id": f"ap-{uuid.uuid4().hex[:12]}", "review_id": package["review_id"],
+           "campaign_id": package["campaign_id"], "config_hash": package["config_hash"], "decision": decision,
+           "who": who.strip(), "note": note, "review_path": str(review_dir), "run_id": run_id,
+           "recorded_at": utc_now().isoformat()}
+    log = review_dir / "approvals.jsonl"
+    old = log.read_text() if log.exists() else ""
+    atomic_write_text(log, old + json.dumps(row, sort_keys=True) + "\n")
+    if results is not None:
+        results.append_rows({"approvals": [{**{k: v for k, v in row.items() if k != "review_id"},
+                                            "recorded_at": utc_now()}]}, endpoint=package["endpoint"])
+    return row
+
+
+def approvals(review_dir: str | Path) -> list[dict[str, Any]]:
+    log = Path(review_dir) / "approvals.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []

@@ -1,0 +1,121 @@
+"""Owns a campaign's settings and its saved state: the working baselines (eras), rounds, experiments,
+what was spent, what was learned, and where the loop stands.
+
+The state is one JSON file (``<campaign dir>/state.json``) rewritten atomically after every step, so
+a crashed or interrupted campaign resumes where it stopped (``phase``) and a budget that runs out
+ends it with everything kept. Each era is one working baseline: the original (the campaign's
+reference, never replaced) or a promotion, with its noise floor, diagnosis and the baseline runs
+that serve as the shared control of its rounds.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoresearch_dagster.outputs.files import json_safe, write_json
+from autoresearch_dagster.spec import CampaignBudget
+
+Phase = Literal["measure", "diagnose", "plan", "experiment", "close", "end"]
+
+
+class CampaignSettings(BaseModel):
+    """How a campaign researches (the budget is what it may spend)."""
+    model_config = ConfigDict(extra="forbid")
+    proposer: Literal["offline", "claude", "both"] = "offline"
+    claude_model: str = Field(default="claude-sonnet-4-5", description="model name for the Claude proposer")
+    directions_per_round: int = Field(default=3, ge=1, le=4)
+    experiments_per_round: int = Field(default=3, ge=1, le=16)
+    search_trials: int = Field(default=6, ge=0, le=200, description="surrogate trials per offline session")
+    exhausted_after: int = Field(default=2, ge=1, description="a direction whose last N experiments gained "
+                                                                 "nothing is set aside")
+    diversity_size: int = Field(default=4, ge=0)
+    calibrate: bool = Field(default=True, description="fit the surrogate to each baseline's measured curves")
+    diagnosis_probes: bool = Field(default=True, description="run the one-variable probes in each diagnosis")
+    confirm: Literal["fresh_runs", "remeasure"] = Field(
+        default="remeasure", description="how a 'better' is confirmed: fresh runs inside the experiment, or the "
+                                         "promoted baseline's re-measured noise floor (a gain that does not "
+                                         "replicate gets a rollback control)")
+    anchor_every: int = Field(default=1, ge=1, description="fresh baseline anchors per this many candidate runs "
+                                                             "(benchmarks/bench_verdicts.py: 1 keeps ±5% power >= 90%)")
+    seed: int = 0
+    budget: CampaignBudget = Field(default_factory=CampaignBudget)
+
+
+@dataclass
+class Era:
+    """One working baseline of the campaign."""
+    index: int
+    config: dict[str, Any]
+    config_hash: str
+    reason: str  # original | promotion | rollback
+    set_at: str
+    source_experiment_id: str | None = None
+    delta: dict[str, Any] = field(default_factory=dict)  # change against the previous era
+    previous_config: dict[str, Any] | None = None
+    noise: dict[str, Any] | None = None  # noise_id, median, ci, cv, capacities, margin, resolved, limiting
+    control_run_ids: list[str] = field(default_factory=list)
+    hypotheses: list[dict[str, Any]] = field(default_factory=list)
+    report_path: str | None = None
+    replication: dict[str, Any] | None = None  # a promotion's re-measured gain against the previous era
+    rounds: int = 0
+
+
+@dataclass
+class CampaignState:
+    campaign_id: str
+    endpoint: str
+    created_at: str
+    settings: dict[str, Any]
+    pool_hash: str
+    sla: str
+    correctness_hash: str
+    engine: str
+    gpus: int
+    origin: str | None = None  # what started it (a Dagster seeding run), so a re-seed starts a new one
+    eras: list[Era] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    experiments: list[dict[str, Any]] = field(default_factory=list)
+    spent: dict[str, float] = field(default_factory=lambda: {"experiments": 0, "gpu_seconds": 0.0, "wall_s": 0.0})
+    direction_stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    diversity_pool: list[dict[str, Any]] = field(default_factory=list)
+    residuals: list[dict[str, Any]] = field(default_factory=list)
+    gate_failures: dict[str, list[str]] = field(default_factory=dict)  # experiment id -> lossy settings that failed
+    gate_cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_promotion: dict[str, Any] | None = None
+    surrogate: dict[str, Any] = field(default_factory=dict)  # efficiency factors and calibration of the model
+    phase: Phase = "measure"
+    status: Literal["running", "ended"] = "running"
+    ended_because: str | None = None
+    ended_at: str | None = None
+    open_questions: list[str] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def era(self) -> Era:
+        return self.eras[-1]
+
+    @property
+    def original(self) -> Era:
+        return self.eras[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CampaignState":
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in d.items() if k in known}
+        data["eras"] = [Era(**{k: v for k, v in e.items() if k in {f.name for f in fields(Era)}})
+                        for e in d.get("eras", [])]
+        return cls(**data)
+
+    def save(self, path: str | Path) -> Path:
+        return write_json(Path(path), self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CampaignState":
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,121 @@
+"""The campaign loop end to end on the emulator: it proposes, tests, learns, stops and leaves a report."""
+import json
+
+import pytest
+
+from autoresearch_dagster.agents.proposal import Proposal, Session
+from autoresearch_dagster.campaign.review import approvals, record_approval
+from autoresearch_dagster.campaign.state import CampaignState
+
+from .helpers import runner, settings
+
+CAMPAIGN_KEYS = {"campaign_id", "original_capacity_rps", "final_capacity_rps", "gain", "gain_ci", "best_config",
+                 "experiments", "hit_rate", "open_questions", "ended_because"}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One campaign run to its end (shared: it is the slow part)."""
+    tmp = tmp_path_factory.mktemp("campaign")
+    r = runner(tmp, settings_=settings())
+    return tmp, r, r.run()
+
+
+def test_a_campaign_researches_on_its_own_and_ends_with_a_report_and_a_review_package(finished):
+    tmp_path, r, report = finished
+    assert CAMPAIGN_KEYS <= set(report) and report["ended_because"]
+    saved = json.loads((tmp_path / "campaign" / "campaign.json").read_text())
+    assert saved["campaign_id"] == report["campaign_id"]
+    exps = report["experiments"]
+    assert 1 <= len(exps) <= 3 and all({"id", "proposal_id", "source", "intervention", "prediction", "verdict",
+                                        "ratio_median"} <= set(e) for e in exps)
+    assert all(e["source"] in ("offline", "orchestrator") for e in exps)  # the system's own proposals only
+    assert len({e["prediction"]["capacity_ratio"] for e in exps}) > 1 or len(exps) == 1
+    assert report["original_capacity_rps"] > 0 and report["final_capacity_rps"] >= report["original_capacity_rps"]
+    assert report["gain"] >= 1.0 and report["gain_ci"][0] <= report["gain"] <= report["gain_ci"][1]
+    review = tmp_path / "campaign" / "review"
+    assert {"README.md", "review.json", "config_diff.json", "launch_command.sh", "evidence.json"} <= {
+        p.name for p in review.iterdir()}
+    assert "sglang.launch_server" in (review / "launch_command.sh").read_text()
+    # every tested proposal's prediction was scored in the lake
+    rows = r.results.query("SELECT count(*), count(*) FILTER (WHERE scored) FROM predictions")
+    assert rows[0][0] == len(exps)
+    assert r.results.query("SELECT count(*) FROM findings")[0][0] >= 1
+    # approval is a recorded human action
+    row = record_approval(review, who="ops-lead", decision="approve", note="looks right", results=r.results)
+    assert approvals(review)[0]["approval_id"] == row["approval_id"]
+    assert r.results.query("SELECT who, decision FROM approvals") == [("ops-lead", "approve")]
+    st = CampaignState.load(tmp_path / "campaign" / "state.json")
+    assert st.status == "ended" and st.phase == "end"
+
+
+class Scripted:
+    """A proposer with fixed ideas: a lossy change the gate refuses, then a lossless one."""
+    name = "scripted"
+
+    def __init__(self):
+        self.calls = 0
+
+    def propose(self, brief, tools):
+        self.calls += 1
+        ideas = {1: ("lossy", {"quantization": "fp8"}, 1.8), 2: ("mixed", {"enable_mixed_chunk": True}, 1.2)}
+        if self.calls not in ideas:
+            return Session(proposer=self.name, direction=brief.direction)
+        pid, change, ratio = ideas[self.calls]
+        return Session(proposer=self.name, direction=brief.direction, proposals=[Proposal(
+            id=f"{pid}-{brief.round}", endpoint=brief.endpoint, proposer=self.name, source="script",
+            direction=brief.direction, explanation="a scripted idea to test the loop",
+            intervention={"changes": [{"knob": k, "value": v} for k, v in change.items()]},
+            prediction={"capacity_ratio": ratio, "ratio_low": 1.05, "ratio_high": ratio + 0.2, "basis": "script"},
+            falsification="refuted if not better")])
+
+
+def test_a_failed_correctness_gate_is_a_verdict_and_the_loop_goes_on(tmp_path):
+    s = settings(max_experiments=2)
+    s.directions_per_round, s.experiments_per_round = 1, 1
+    r = runner(tmp_path, settings_=s, proposers=[Scripted()])
+    report = r.run()
+    first, second = report["experiments"]
+    assert first["intervention"] == {"quantization": "fp8"} and first["verdict"] == "invalid"
+    assert first["correctness_passed"] is False and first["score"]["scored"] is False
+    assert second["intervention"] == {"enable_mixed_chunk": True} and second["verdict"] != "invalid"
+    assert report["ended_because"] == "budget: 2 experiments"
+    assert list(r.state.gate_failures.values()) == [["quantization=fp8"]]
+
+
+def test_budgets_end_the_campaign_cleanly_with_its_state_saved(tmp_path):
+    r = runner(tmp_path / "gpu", settings_=settings(max_gpu_hours=0.01))
+    report = r.run()
+    assert report["ended_because"] == "budget: 0.01 GPU-hours" and report["experiments"] == []
+    st = CampaignState.load(tmp_path / "gpu" / "campaign" / "state.json")
+    assert st.original.noise and st.spent["gpu_seconds"] > 36  # the noise floor was measured and counted
+    late = runner(tmp_path / "late", settings_=settings(max_wall_s=1.0))
+    late.measure()
+    assert late.plan() is None and late.state.ended_because.startswith("deadline")
+
+
+def test_an_interrupted_campaign_resumes_where_it_stopped(tmp_path):
+    r = runner(tmp_path, settings_=settings(max_experiments=1))
+    r.measure()
+    r.diagnose()
+    plan = r.plan()
+    noise_id = r.state.era.noise["noise_id"]
+    again = runner(tmp_path, settings_=settings(max_experiments=1))  # a new process on the same directory
+    assert again.state.phase == "experiment" and again.current_plan().round == plan.round
+    report = again.run()
+    assert again.state.original.noise["noise_id"] == noise_id  # not measured twice
+    assert report["experiments"][0]["proposal_id"] == plan.proposals[0].id
+
+
+def test_memory_stops_repeats_across_campaigns(finished):
+    tmp, first, _ = finished
+    tested = {e["candidate_hash"] for e in first.state.experiments if e["verdict"] != "better"
+              and e["baseline_hash"] == first.state.original.config_hash}
+    second = runner(tmp / "again", memory=tmp / "memory", pool=first.pool)
+    second.measure()
+    second.diagnose()
+    plan = second.plan()
+    assert not ({p.config_hash for p in (plan.proposals if plan else [])} & tested)
+    remembered = second._tested()  # what the proposers are told not to propose again, and why
+    assert tested and tested <= set(remembered)
+    assert all(first.state.campaign_id in remembered[h] for h in tested)

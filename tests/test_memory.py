@@ -1,0 +1,62 @@
+"""The findings memory: plain files, no repeats under the same conditions, disagreements kept, git commits."""
+import subprocess
+
+from autoresearch_dagster.memory import Conditions, Memory, finding_rows, technique
+
+COND = Conditions(engine="emulator", engine_version="emulator-0.1", model="gemma-moe-26b-a4b", gpu="H200", gpus=1,
+                  pool_hash="p1", traits={"mean_prompt_tokens": 3000.0, "mean_output_tokens": 300.0,
+                                          "prefix_hit_rate": 0.6})
+
+
+def _entry(h, verdict, cond=COND):
+    return {"campaign_id": "c1", "experiment_id": f"e-{h}", "baseline_hash": "b0", "candidate_hash": h,
+            "verdict": verdict, "conditions_key": cond.key()}
+
+
+def _finding(endpoint, outcome, ratio, family="gemma", gpu="H200"):
+    return {"endpoint": endpoint, "technique": technique({"speculative_algorithm": "EAGLE"}), "outcome": outcome,
+            "ratio": ratio, "model_family": family, "gpu": gpu, "bottleneck": "decode_bound_small_batch",
+            "traits": COND.traits, "experiment_id": f"e-{endpoint}"}
+
+
+def test_a_tried_config_is_not_rerun_unless_conditions_changed(tmp_path):
+    mem = Memory(tmp_path / "memory")
+    mem.record("demo", _entry("h1", "same"), None)
+    mem.record("demo", _entry("h2", "better"), None)
+    assert set(mem.tested("demo", "b0", COND)) == {"h1"}  # a remembered better deserves a fresh confirmation
+    newer = Conditions(**{**COND.__dict__, "engine_version": "emulator-0.2"})
+    assert mem.tested("demo", "b0", newer) == {}
+    assert mem.tested("demo", "other-baseline", COND) == {}
+    assert (tmp_path / "memory" / "endpoints" / "demo.jsonl").read_text().count("\n") == 2
+    assert (tmp_path / "memory" / "README.md").exists()
+
+
+def test_disagreements_across_endpoints_are_kept_side_by_side(tmp_path):
+    mem = Memory(tmp_path)
+    mem.record("a", _entry("x", "better"), _finding("a", "helped", 1.2))
+    mem.record("b", _entry("y", "worse"), _finding("b", "hurt", 0.8, family="llama", gpu="A100"))
+    rows = mem.similar({"model_family": "gemma", "gpu": "H200", "traits": COND.traits}, exclude_endpoint="demo")
+    (row,) = rows
+    assert row["disagreement"] and row["outcomes"] == ["helped", "hurt"]
+    assert [c["endpoint"] for c in row["cases"]] == ["a", "b"]  # the most similar endpoint first
+    lake = finding_rows(mem.findings(), "c1")["findings"]
+    assert {r["outcome"] for r in lake} == {"helped", "hurt"} and all(r["technique"] for r in lake)
+
+
+def test_memory_commits_when_it_lives_in_a_git_work_tree(tmp_path):
+    assert Memory(tmp_path / "plain").commit("x") is False
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    mem = Memory(tmp_path / "repo" / "memory")
+    mem.record("demo", _entry("h1", "same"), _finding("demo", "neutral", 1.0))
+    assert mem.commit("demo: round 1") is True
+    log = subprocess.run(["git", "-C", str(tmp_path / "repo"), "log", "--oneline"], capture_output=True, text=True)
+    assert "demo: round 1" in log.stdout
+    assert mem.commit("nothing new") is False
+
+
+def test_a_torn_line_is_skipped_not_fatal(tmp_path):
+    mem = Memory(tmp_path)
+    mem.record("demo", _entry("h1", "same"), None)
+    with open(mem.endpoint_file("demo"), "a") as f:
+        f.write('{"half": \n')
+    assert len(mem.entries("demo")) == 1
