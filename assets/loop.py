@@ -1,8 +1,10 @@
 """Owns the loop assets: confirmed_baseline (root), noise_baseline, diagnostic_report, proposals,
-experiment_results (+ blocking correctness_gate check) and promotion_decision. Thin: each calls the
-core and attaches metadata; files go to the artifact store, rows to the results lake."""
+experiment_results (one step per experiment, each taking a slot of the ``gpu`` concurrency pool; the
+blocking correctness_gate check), promotion_decision and campaign_report. Thin: each steps the core's
+``CampaignRunner`` once and attaches metadata; the campaign's state, rounds, traces and review package
+live in the artifact store, rows in the results lake. The back edges (promotion, the next round, the
+report at the end) are sensors, not dependencies."""
 import json
-from datetime import datetime
 from typing import Any
 
 import dagster as dg
@@ -12,9 +14,9 @@ from assets.metadata import png_markdown
 from assets.partitions import EAGER, endpoints
 from autoresearch_dagster.outputs.files import json_safe
 from autoresearch_dagster.outputs.plots import plot_load_curve, plot_ratios
-from autoresearch_dagster.results import utc_now
 from resources import (
     ArtifactStore,
+    CampaignResource,
     EndpointRegistry,
     EngineFactory,
     MeasurementSettings,
@@ -27,247 +29,281 @@ POOL = dg.AssetKey("replay_pool")
 ENGINE = dg.AssetKey("engine_version")
 
 
-def _pool(lake: ResultsLakeResource, name: str) -> Any:
+def runner(context: Any, registry: EndpointRegistry, engines: EngineFactory, settings: MeasurementSettings,
+           store: ArtifactStore, lake: ResultsLakeResource, memory: MemoryStore, campaign: CampaignResource) -> Any:
+    """The endpoint's campaign runner over its saved state (what every loop step advances); the campaign
+    restarts when confirmed_baseline was seeded again (its ``origin``)."""
     from autoresearch_dagster.pool.schema import read_pool
 
-    return read_pool(lake.lake().pool_dir(name))
+    name = context.partition_key
+    spec = registry.load(name)
+    results = lake.lake()
+    origin = store.read_json(name, "confirmed_baseline", "baseline.json").get("origin")
+    return campaign.runner(spec, read_pool(results.pool_dir(name)), engine=engines.make(spec),
+                           out_dir=store.dir(name, "campaign"), measurement=settings.measurement_profile(),
+                           results=results, memory_dir=memory.dir(), seed=settings.seed,
+                           probes=settings.diagnosis_probes, say=context.log.info, origin=origin)
 
 
-def _campaign(spec: Any, pool: Any, lake: Any) -> Any:
-    """The campaign of (endpoint, pool, SLA): reused while they stay the same, recorded when new."""
-    from autoresearch_dagster.experiments.campaign import start_campaign
-
-    return start_campaign(spec, pool, results=lake)
-
-
-def _baseline(store: ArtifactStore, name: str) -> dict[str, Any]:
-    return store.read_json(name, "confirmed_baseline", "baseline.json")
+def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    return head + "\n".join("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"})
 def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig, registry: EndpointRegistry,
-                       store: ArtifactStore, lake: ResultsLakeResource) -> dg.MaterializeResult:
-    """The working baseline server config of the endpoint. A root asset: seeded from the endpoint
-    spec by the discovery sensor and re-materialized with a candidate's config by the promotion
-    sensor (the loop's back edge). The spec's own config stays the campaign's original reference."""
-    from autoresearch_dagster.experiments.campaign import record_promotion
+                       engines: EngineFactory, settings: MeasurementSettings, store: ArtifactStore,
+                       lake: ResultsLakeResource, memory: MemoryStore, campaign: CampaignResource) -> dg.MaterializeResult:
+    """The working baseline server config of the endpoint. A root asset: seeded from the endpoint spec
+    by the discovery sensor (which starts a campaign) and re-materialized with a candidate's config by
+    the promotion sensor (the loop's back edge). The campaign's original baseline stays its reference."""
     from autoresearch_dagster.spec import config_hash, validate_server_config
 
     name = context.partition_key
-    spec = registry.load(name)
-    server_config = (validate_server_config(json.loads(config.server_config_json))
-                     if config.server_config_json else dict(spec.server_config))
     source_run = context.run.tags.get(PROMOTED_FROM_TAG)
-    if source_run:
-        results = lake.lake()
-        record_promotion(results, _campaign(spec, _pool(lake, name), results), server_config,
-                         experiment_id=config.experiment_id or None)
-    record = {"endpoint": name, "candidate_id": config.candidate_id, "server_config": server_config,
-              "config_hash": config_hash(server_config), "original_config": dict(spec.server_config),
-              "original_config_hash": config_hash(spec.server_config), "promoted_from_run": source_run,
-              "experiment_id": config.experiment_id or None, "run_id": context.run.run_id,
-              "set_at": utc_now().isoformat()}
+    if source_run and config.server_config_json:  # the promotion back edge: the campaign's next era
+        r = runner(context, registry, engines, settings, store, lake, memory, campaign)
+        era = r.set_baseline(validate_server_config(json.loads(config.server_config_json)),
+                             experiment_id=config.experiment_id or None)
+        origin, campaign_id, original = r.state.origin, r.state.campaign_id, r.state.original.config
+        cfg, h, index, delta, set_at = era.config, era.config_hash, era.index, era.delta, era.set_at
+    else:  # seeded from the spec: a new campaign starts from this run (the next step builds its state)
+        spec = registry.load(name)
+        origin, campaign_id, original = context.run.run_id, "", dict(spec.server_config)
+        cfg, h, index, delta, set_at = dict(spec.server_config), config_hash(spec.server_config), 0, {}, None
+    record = {"endpoint": name, "campaign_id": campaign_id, "origin": origin, "candidate_id": config.candidate_id,
+              "server_config": cfg, "config_hash": h, "era": index, "original_config": original,
+              "original_config_hash": config_hash(original), "promoted_from_run": source_run,
+              "experiment_id": config.experiment_id or None, "run_id": context.run.run_id, "set_at": set_at}
     path = store.write_json(name, "confirmed_baseline", "baseline.json", record)
     store.write_json(name, "confirmed_baseline", f"history/{context.run.run_id}.json", record)
     metadata: dict[str, Any] = {
-        "candidate_id": config.candidate_id,
-        "config_hash": record["config_hash"],
-        "server_config": dg.MetadataValue.json(json_safe(server_config)),
-        "is_original": record["config_hash"] == record["original_config_hash"],
-        "path": dg.MetadataValue.path(str(path)),
+        "candidate_id": config.candidate_id, "config_hash": h, "era": index, "campaign_origin": origin,
+        "server_config": dg.MetadataValue.json(json_safe(cfg)), "delta": dg.MetadataValue.json(json_safe(delta)),
+        "is_original": index == 0, "path": dg.MetadataValue.path(str(path)),
     }
     if source_run and not source_run.startswith("runless-"):
         metadata["promoted_from"] = dg.MetadataValue.dagster_run(source_run)
-    return dg.MaterializeResult(data_version=dg.DataVersion(record["config_hash"]), metadata=metadata)
-
-
-def _median_run(runs: list[dict[str, Any]], median: float) -> dict[str, Any] | None:
-    valid = [r for r in runs if r.get("valid") and r.get("capacity_rps") is not None]
-    return min(valid, key=lambda r: abs(r["capacity_rps"] - median)) if valid else None
+    return dg.MaterializeResult(data_version=dg.DataVersion(f"{origin}:{h}"), metadata=metadata)
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
           deps=[confirmed_baseline, POOL, ENGINE])
 def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
-                   settings: MeasurementSettings, store: ArtifactStore,
-                   lake: ResultsLakeResource) -> dg.MaterializeResult:
-    """The endpoint's noise floor: repeated independent capacity searches of the working baseline
-    on the replay pool (fresh deployment per run) → capacity CV and the bootstrap CI of the median,
-    plus the baseline's load curve. Re-measured when the baseline, the pool or the engine changes."""
-    from autoresearch_dagster.experiments.noise import measure_noise
-
-    name = context.partition_key
-    spec = registry.load(name)
-    baseline = _baseline(store, name)
-    pool, results = _pool(lake, name), lake.lake()
-    result = measure_noise(spec, baseline["server_config"], pool, engine=engines.make(spec),
-                           runs=settings.noise_runs, results=results, settings=settings.harness(),
-                           campaign=_campaign(spec, pool, results), progress=context.log.info)
-    data = json_safe(result.to_dict())
-    path = store.write_json(name, "noise_baseline", "noise.json", data)
-    runs = data["run_details"]
-    plot = plot_load_curve([(r["steps"], r["capacity_rps"]) for r in runs],
-                           store.dir(name, "noise_baseline") / "load_curves.png", sla=spec.sla,
-                           band=(data["ci_low"], data["ci_high"]),
-                           title=f"{name}: baseline load curves ({data['runs']} runs)")
-    md = (f"**{name}** baseline `{baseline['config_hash']}`: median capacity {data['median']:.3f} req/s "
-          f"(CI {data['ci_low']:.3f}–{data['ci_high']:.3f}), CV {data['capacity_cv']:.2%} over {data['runs']} "
-          f"runs, engine {data['engine']} {data['engine_version']}\n\n" + png_markdown(plot, "load curves"))
+                   settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
+                   memory: MemoryStore, campaign: CampaignResource) -> dg.MaterializeResult:
+    """The working baseline's noise floor: repeated independent capacity searches (fresh deployment per
+    run) -> capacity CV and the CI of the median, plus its load curves. These runs are the shared
+    control of the baseline's rounds; after a promotion they also check that the gain replicates."""
+    r = runner(context, registry, engines, settings, store, lake, memory, campaign)
+    era = r.measure()
+    name = r.endpoint.name
+    if not era.noise:
+        return dg.MaterializeResult(metadata={"campaign_ended": True, "reason": str(r.state.ended_because)})
+    n = era.noise
+    noise = json.loads((r._era_dir() / "noise.json").read_text())
+    plot = plot_load_curve([(x["steps"], x["capacity_rps"]) for x in noise["run_details"]],
+                           store.dir(name, "noise_baseline") / "load_curves.png", sla=r.endpoint.sla,
+                           band=(n["ci_low"], n["ci_high"]), title=f"{name}: baseline load curves ({n['runs']} runs)")
+    rep = era.replication
+    md = (f"**{name}** era {era.index} baseline `{era.config_hash}`: median capacity {n['median']:.3f} req/s "
+          f"(CI {n['ci_low']:.3f}–{n['ci_high']:.3f}), CV {n['cv']:.2%} over {n['runs']} runs, verdict margin "
+          f"{n['margin']:.2%}" + (f"; the promotion re-measured at {rep['ratio']:.3f}x the previous baseline "
+                                  f"({'replicated' if rep['replicated'] else 'NOT replicated'})" if rep else "")
+          + "\n\n" + png_markdown(plot, "load curves"))
     return dg.MaterializeResult(
-        data_version=dg.DataVersion(data["noise_id"]),
-        metadata={
-            "capacity_rps": float(data["median"]),
-            "capacity_rps_per_gpu": float(data["median"]) / spec.gpus,
-            "capacity_cv": float(data["capacity_cv"]),
-            "runs": int(data["runs"]),
-            "capacities": dg.MetadataValue.json(data["capacities"]),
-            "engine_version": str(data["engine_version"]),
-            "report": dg.MetadataValue.md(md),
-            "path": dg.MetadataValue.path(str(path)),
-            "plot": dg.MetadataValue.path(str(plot)),
-        })
+        data_version=dg.DataVersion(n["noise_id"]),
+        metadata={"capacity_rps": float(n["median"]), "capacity_rps_per_gpu": float(n["median"]) / r.endpoint.gpus,
+                  "capacity_cv": float(n["cv"]), "runs": int(n["runs"]), "margin": float(n["margin"]),
+                  "capacities": dg.MetadataValue.json(n["capacities"]), "engine_version": str(n["engine_version"]),
+                  "replicated": bool(rep["replicated"]) if rep else True, "era": era.index,
+                  "report": dg.MetadataValue.md(md), "plot": dg.MetadataValue.path(str(plot))})
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json", "markdown"}, automation_condition=EAGER,
           deps=[confirmed_baseline, noise_baseline, POOL, ENGINE])
 def diagnostic_report(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
                       settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
-                      memory: MemoryStore) -> dg.MaterializeResult:
-    """Why the endpoint breaks where it does: findings from the workload, the baseline's load curve,
-    engine metrics, the GPU profile and probes, each with evidence, and a ranked list of bottleneck
-    hypotheses mapped to research directions and knobs (report.json is what the proposers read)."""
-    from autoresearch_dagster.diagnose import diagnose
-
-    name = context.partition_key
-    spec = registry.load(name)
-    baseline = _baseline(store, name)
-    noise = store.read_json(name, "noise_baseline", "noise.json")
-    curve = _median_run(noise["run_details"], noise["median"])  # reuse a measured curve, don't search again
-    out_dir = store.dir(name, "diagnostic_report")
-    report = diagnose(spec, _pool(lake, name), engine=engines.make(spec), config=baseline["server_config"],
-                      out_dir=out_dir, capacity=curve, measurement=settings.measurement_profile(),
-                      probes=settings.diagnosis_probes,
-                      memory_path=memory.dir() / "probes.jsonl", seed=settings.seed, progress=context.log.info)
-    data = json_safe(report.to_json())
-    json_path = store.write_json(name, "diagnostic_report", "report.json", data)
-    (out_dir / "report.md").write_text(report.to_markdown())
-    top = [{k: h.get(k) for k in ("bottleneck", "direction", "score", "knobs")} for h in data["hypotheses"][:3]]
+                      memory: MemoryStore, campaign: CampaignResource) -> dg.MaterializeResult:
+    """Why the working baseline breaks where it does: findings from the workload, its load curve, engine
+    metrics, the GPU profile and probes, each with evidence, and ranked bottleneck hypotheses mapped to
+    research directions and knobs (what the orchestrator and the proposers read)."""
+    r = runner(context, registry, engines, settings, store, lake, memory, campaign)
+    report = r.diagnose()
+    era = r.state.era
+    top = [{k: h.get(k) for k in ("bottleneck", "direction", "score", "knobs")} for h in report.get("hypotheses", [])[:3]]
+    md_path = r._era_dir() / "diagnosis" / "report.md"
     return dg.MaterializeResult(metadata={
-        "report": dg.MetadataValue.md(report.to_markdown(inline_images=True)),
-        "top_hypotheses": dg.MetadataValue.json(top),
-        "top_bottleneck": top[0]["bottleneck"] if top else "",
-        "top_score": float(top[0]["score"]) if top else 0.0,
-        "n_findings": len(data["findings"]),
-        "path": dg.MetadataValue.path(str(json_path)),
-    })
+        "report": dg.MetadataValue.md(md_path.read_text() if md_path.exists() else "campaign ended: no diagnosis"),
+        "top_hypotheses": dg.MetadataValue.json(json_safe(top)),
+        "top_bottleneck": top[0]["bottleneck"] if top else "", "top_score": float(top[0]["score"]) if top else 0.0,
+        "n_findings": len(report.get("findings") or []), "era": era.index,
+        "path": dg.MetadataValue.path(str(era.report_path or ""))})
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"}, automation_condition=EAGER,
           deps=[diagnostic_report, confirmed_baseline, noise_baseline])
-def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry, settings: MeasurementSettings,
-              store: ArtifactStore, lake: ResultsLakeResource) -> dg.MaterializeResult:
-    """Four-part proposals (explanation, intervention, numeric prediction, falsifier) for this
-    round: the endpoint's candidate files, then the knobs of the report's top hypotheses. Configs
-    equal to the baseline or already tested against it since it was set (the lake's experiments) are left out."""
-    from autoresearch_dagster.agents.proposal import make_proposals
-    from autoresearch_dagster.experiments.experiment import already_tested
-    from autoresearch_dagster.experiments.stats import decision_margin
-
-    name = context.partition_key
-    baseline = _baseline(store, name)
-    noise = store.read_json(name, "noise_baseline", "noise.json")
-    report = store.read_json(name, "diagnostic_report", "report.json")
-    margin = decision_margin(float(noise["capacity_cv"]), settings.budget(), min_margin=settings.harness().min_margin)
-    items = make_proposals(name, report, baseline["server_config"], registry.candidates(name), margin=margin,
-                           tested=already_tested(lake.lake(), name, baseline["config_hash"],
-                                                  since=datetime.fromisoformat(baseline["set_at"])))
-    path = store.write_json(name, "proposals", "proposals.json", [p.model_dump() for p in items])
-    rows = "\n".join(f"| {p.id} | {p.source} | `{json.dumps(p.intervention)}` | {p.prediction.value:.3f} | "
-                     f"{p.explanation} | {p.falsifier} |" for p in items)
-    md = ("| id | source | intervention | predicted ratio | explanation | falsifier |\n"
-          "|---|---|---|---|---|---|\n" + rows) if items else "no untested proposal for this baseline"
+def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
+              settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource, memory: MemoryStore,
+              campaign: CampaignResource) -> dg.MaterializeResult:
+    """This round's plan: the orchestrator's research directions, one proposer session per direction (in
+    parallel), every four-part proposal (explanation, intervention, numeric prediction with an interval,
+    falsification) through the guardrails, and the experiments chosen within the budget. Rerun for the
+    next round by the campaign sensor while the baseline stays the same."""
+    r = runner(context, registry, engines, settings, store, lake, memory, campaign)
+    plan = r.plan()
+    if plan is None:
+        return dg.MaterializeResult(metadata={"dagster/row_count": 0, "campaign_ended": True,
+                                              "reason": str(r.state.ended_because)})
+    rows = [{"id": p.id, "proposer": p.proposer, "direction": p.direction, "kind": p.kind,
+             "intervention": f"`{json.dumps(p.intervention.delta(), default=str)}`",
+             "predicted": f"{p.prediction.capacity_ratio:.3f} [{p.prediction.ratio_low:.3f}, {p.prediction.ratio_high:.3f}]",
+             "falsification": p.falsification[:160], "trace": p.trace or ""} for p in plan.proposals]
+    refused = [{"id": x["proposal_id"], "reasons": "; ".join(x["reasons"])[:200]} for x in plan.rejected]
+    md = (f"Round {plan.round}: directions {', '.join(d['direction'] for d in plan.directions)}.\n\n"
+          + _table(rows, ["id", "proposer", "direction", "kind", "intervention", "predicted", "falsification", "trace"])
+          + ("\n\nRefused:\n\n" + _table(refused, ["id", "reasons"]) if refused else ""))
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": len(items),
-        "proposals": dg.MetadataValue.md(md),
-        "margin": margin,
-        "path": dg.MetadataValue.path(str(path)),
-    })
+        "dagster/row_count": len(plan.proposals), "round": plan.round, "proposals": dg.MetadataValue.md(md),
+        "directions": dg.MetadataValue.json(json_safe(plan.directions)),
+        "sessions": dg.MetadataValue.json(json_safe(plan.sessions)),
+        "path": dg.MetadataValue.path(str(r.state.rounds[-1]["plan"]))})
 
 
-@dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
-          deps=[proposals, confirmed_baseline, noise_baseline, POOL],
-          check_specs=[dg.AssetCheckSpec("correctness_gate", asset="experiment_results", blocking=True,
-                                         description="Every lossy candidate kept the model's output "
-                                                     "distribution (top-1 agreement, KL, TV vs baseline).")])
-def experiment_results(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
-                       settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource):
-    """This round's experiments: baseline vs each proposed candidate (up to the round's budget),
-    interleaved fresh runs on the replay pool, a verdict (better | same | worse | invalid) with its
-    evidence; rows go to the results lake. The correctness gate fails when a lossy candidate did."""
-    from autoresearch_dagster.experiments.experiment import run_experiment
+@dg.op(ins={"start": dg.In(dg.Nothing)}, out=dg.DynamicOut(str))
+def round_experiments(context: dg.OpExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
+                      settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
+                      memory: MemoryStore, campaign: CampaignResource):
+    """One dynamic output per experiment of the planned round."""
+    r = runner(context, registry, engines, settings, store, lake, memory, campaign)
+    plan = r.current_plan()
+    for p in (plan.proposals if plan else []):
+        yield dg.DynamicOutput(p.id, mapping_key=p.id.replace("-", "_").replace(".", "_").replace(":", "_")
+                               .replace("=", "_").replace("+", "_"))
 
+
+@dg.op(pool="gpu", retry_policy=dg.RetryPolicy(max_retries=1))
+def run_experiment_step(context: dg.OpExecutionContext, proposal_id: str, registry: EndpointRegistry,
+                        engines: EngineFactory, settings: MeasurementSettings, store: ArtifactStore,
+                        lake: ResultsLakeResource, memory: MemoryStore, campaign: CampaignResource) -> dict:
+    """One experiment through the shared harness (a GPU slot of the ``gpu`` pool while it runs)."""
+    r = runner(context, registry, engines, settings, store, lake, memory, campaign)
+    plan = r.current_plan()
+    proposal = next(p for p in plan.proposals if p.id == proposal_id)
+    return r.run_proposal(plan, proposal)
+
+
+@dg.op
+def collect_round(context: dg.OpExecutionContext, records: list[dict], store: ArtifactStore) -> list[dict]:
+    """The round's verdicts, in plan order, written beside the plan."""
     name = context.partition_key
-    spec = registry.load(name)
-    baseline = _baseline(store, name)
-    noise = store.read_json(name, "noise_baseline", "noise.json")
-    todo = store.read_json(name, "proposals", "proposals.json")[: settings.experiments_per_round]
-    pool, results = _pool(lake, name), lake.lake()
-    campaign = _campaign(spec, pool, results)
-    verdicts = []
-    for proposal in todo:
-        context.log.info(f"experiment {proposal['id']}: {proposal['intervention']}")
-        result = run_experiment(spec, baseline["server_config"], proposal["candidate_config"], pool,
-                                engine=engines.make(spec), results=results, settings=settings.harness(),
-                                budget=settings.budget(), noise_cv=float(noise["capacity_cv"]),
-                                campaign=campaign, progress=context.log.info)
-        proposed = {"candidate_id": proposal["id"], "prediction": proposal["prediction"],
-                    "falsifier": proposal["falsifier"]}
-        store.write_json(name, "experiment_results", f"experiments/{result.experiment_id}.json",
-                         {**json_safe(result.to_dict()), **proposed})
-        verdicts.append({**json_safe(result.summary()), **proposed})
-    path = store.write_json(name, "experiment_results", "verdicts.json", verdicts)
-    metadata: dict[str, Any] = {
-        "dagster/row_count": len(verdicts),
-        "verdicts": dg.MetadataValue.json([{k: x for k, x in v.items() if k != "stages"} for v in verdicts]),
-        "path": dg.MetadataValue.path(str(path)),
-    }
-    if verdicts:
-        plot = plot_ratios(verdicts, store.dir(name, "experiment_results") / "ratios.png",
-                           title=f"{name}: candidate vs baseline capacity")
-        metadata["ratio"] = float(verdicts[0]["ratio_median"] or 0.0)
-        metadata["plot"] = dg.MetadataValue.md(png_markdown(plot, "capacity ratios"))
-    yield dg.MaterializeResult(metadata=metadata)
+    order = {r["proposal_id"]: i for i, r in enumerate(records)}
+    records = sorted(records, key=lambda r: (r.get("round", 0), order[r["proposal_id"]]))
+    store.write_json(name, "experiment_results", "verdicts.json", json_safe(records))
+    if records:
+        plot = plot_ratios([{"candidate_id": r["proposal_id"], "ratio_median": r.get("ratio_median"),
+                             "ci_low": r.get("ci_low"), "ci_high": r.get("ci_high"), "verdict": r["verdict"]}
+                            for r in records], store.dir(name, "experiment_results") / "ratios.png",
+                           title=f"{name}: candidates vs the working baseline")
+        context.add_output_metadata({"plot": dg.MetadataValue.md(png_markdown(plot, "capacity ratios"))})
+    context.add_output_metadata({
+        "dagster/row_count": len(records),
+        "verdicts": dg.MetadataValue.md(_table([{
+            "proposal": r["proposal_id"], "intervention": f"`{json.dumps(r['intervention'], default=str)}`",
+            "predicted": f"{r['prediction']['capacity_ratio']:.3f}", "verdict": r["verdict"],
+            "ratio": f"{r['ratio_median']:.3f}" if r.get("ratio_median") else "-",
+            "GPU-h": f"{(r.get('gpu_seconds') or 0) / 3600:.2f}", "reason": (r.get("reason") or "")[:120]}
+            for r in records], ["proposal", "intervention", "predicted", "verdict", "ratio", "GPU-h", "reason"])),
+        "gpu_hours": float(sum((r.get("gpu_seconds") or 0) for r in records) / 3600)})
+    return records
 
-    gated = [v for v in verdicts if v["correctness"] is not None]
-    failed = [v["candidate_id"] for v in gated if not v["correctness"].get("passed")]
-    yield dg.AssetCheckResult(
-        check_name="correctness_gate", passed=not failed, severity=dg.AssetCheckSeverity.ERROR,
-        description=(f"failed for {', '.join(failed)}" if failed else
-                     f"{len(gated)} lossy candidate(s) gated, all passed" if gated else
-                     "no lossy candidate this round: nothing to gate"),
-        metadata={"gated": len(gated), "failed": dg.MetadataValue.json(failed),
-                  "details": dg.MetadataValue.json([{"candidate_id": v["candidate_id"], **v["correctness"]}
-                                                    for v in gated])})
+
+@dg.graph_asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
+                ins={"proposals": dg.AssetIn(dagster_type=dg.Nothing)})
+def experiment_results(proposals) -> list[dict]:
+    """The round's experiments, one step each (a dynamic fan-out over the plan): interleaved fresh runs of
+    the candidate with anchors of the baseline, against the baseline's shared control, to a verdict
+    (better | same | worse | invalid) with its evidence. A lossy candidate passes the correctness gate
+    first; one that fails it is a verdict (invalid: correctness) and the round goes on."""
+    return collect_round(round_experiments(start=proposals).map(run_experiment_step).collect())
+
+
+@dg.asset_check(asset=experiment_results, blocking=True, partitions_def=endpoints,
+                description="No lossy candidate can be promoted without passing the output-distribution gate "
+                            "(top-1 agreement, KL, TV vs the baseline); lists the candidates the gate stopped.")
+def correctness_gate(context: dg.AssetCheckExecutionContext, store: ArtifactStore) -> dg.AssetCheckResult:
+    records = store.read_json(context.partition_key, "experiment_results", "verdicts.json")
+    gated = [r for r in records if r.get("lossy")]
+    stopped = [r["proposal_id"] for r in gated if r.get("correctness") and not r["correctness"].get("passed")]
+    unsafe = [r["proposal_id"] for r in gated if r["verdict"] == "better"
+              and not (r.get("correctness") or {}).get("passed")]
+    return dg.AssetCheckResult(
+        passed=not unsafe, severity=dg.AssetCheckSeverity.ERROR,
+        description=(f"promotable without a passing gate: {', '.join(unsafe)}" if unsafe else
+                     f"{len(gated)} lossy candidate(s) gated; stopped by the gate (invalid: correctness): "
+                     f"{', '.join(stopped) or 'none'}"),
+        metadata={"gated": len(gated), "stopped": dg.MetadataValue.json(stopped),
+                  "details": dg.MetadataValue.json(json_safe([{"proposal_id": r["proposal_id"], **(r.get("correctness")
+                                                                                                     or {})}
+                                                               for r in gated]))})
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"}, automation_condition=EAGER,
           deps=[experiment_results])
-def promotion_decision(context: dg.AssetExecutionContext, store: ArtifactStore) -> dg.MaterializeResult:
-    """Whether this round promotes a candidate and which: the confirmed "better" verdict with the
-    highest CI lower bound. The promotion sensor turns a positive decision into a new baseline."""
-    from autoresearch_dagster.experiments.promotion import decide_promotion
-
-    name = context.partition_key
-    decision = decide_promotion(store.read_json(name, "experiment_results", "verdicts.json"))
-    path = store.write_json(name, "promotion_decision", "decision.json", decision.to_dict())
-    context.log.info(decision.reason)
+def promotion_decision(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
+                       settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
+                       memory: MemoryStore, campaign: CampaignResource) -> dg.MaterializeResult:
+    """The round closed: predictions scored against outcomes, memory written, and the decision: promote
+    the "better" candidate with the highest CI lower bound (the promotion sensor makes it the new
+    baseline), run another round on the same baseline (the campaign sensor), or end the campaign."""
+    r = runner(context, registry, engines, settings, store, lake, memory, campaign)
+    plan = r.current_plan()
+    records = store.read_json(r.endpoint.name, "experiment_results", "verdicts.json") if plan else []
+    records = [x for x in records if plan and x.get("round") == plan.round]
+    decision = r.close(plan, records)
+    path = store.write_json(r.endpoint.name, "promotion_decision", "decision.json", json_safe(decision))
+    context.log.info(decision.get("reason", ""))
+    scores = [e.get("score") or {} for e in r.state.experiments if e.get("round") == decision["round"]]
+    hits = [s["direction_hit"] for s in scores if s.get("scored")]
     return dg.MaterializeResult(metadata={
-        "promote": decision.promote,
-        "candidate_id": decision.candidate_id or "",
-        "experiment_id": str(decision.evidence.get("experiment_id") or ""),
-        "server_config_json": json.dumps(decision.server_config or {}, sort_keys=True),
-        "ratio": float(decision.ratio_median) if decision.ratio_median is not None else 0.0,
-        "reason": decision.reason,
-        "evidence": dg.MetadataValue.json(json_safe(decision.evidence)),
-        "path": dg.MetadataValue.path(str(path)),
-    })
+        "promote": bool(decision["promote"]), "next": decision["next"],
+        "ended_because": str(decision.get("ended_because") or ""),
+        "candidate_id": decision.get("proposal_id") or "", "experiment_id": decision.get("experiment_id") or "",
+        "server_config_json": json.dumps(decision.get("config") or {}, sort_keys=True),
+        "ratio": float(decision["ratio"]) if decision.get("ratio") is not None else 0.0,
+        "reason": decision.get("reason", ""), "round": int(decision["round"]),
+        "round_hit_rate": float(sum(hits) / len(hits)) if hits else 0.0,
+        "experiments_spent": int(r.state.spent["experiments"]),
+        "gpu_hours_spent": float(r.state.spent["gpu_seconds"] / 3600),
+        "path": dg.MetadataValue.path(str(path))})
+
+
+@dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json", "markdown"}, deps=[promotion_decision])
+def campaign_report(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
+                    settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
+                    memory: MemoryStore, campaign: CampaignResource) -> dg.MaterializeResult:
+    """The campaign's result: the best confirmed config, its gain over the original baseline with the CI
+    (requests/s/GPU at the SLA), lossless or lossy, correctness, every experiment with its prediction
+    and verdict, prediction hit rates per proposer and direction, open questions, and the review
+    package a person approves or rejects (job ``approve_production``). Requested by the campaign
+    sensor when the campaign ends."""
+    from autoresearch_dagster.campaign.report import format_report
+
+    r = runner(context, registry, engines, settings, store, lake, memory, campaign)
+    report = r.finish()
+    lake.lake().refresh_views()
+    by = report["scores_by_proposer"] + report["scores_by_direction"]
+    md = (f"```\n{format_report(report)}\n```\n\n**Prediction scores**\n\n"
+          + _table([{**x, "hit_rate": f"{x['hit_rate']:.0%}", "coverage": f"{x['coverage']:.0%}",
+                     "median_abs_log_error": f"{x['median_abs_log_error']:.3f}"} for x in by],
+                   ["proposer", "direction", "n", "hit_rate", "coverage", "median_abs_log_error"])
+          + ("\n\n" + png_markdown(report["paths"]["plot"], "campaign progress") if report["paths"].get("plot") else ""))
+    ci = report.get("gain_ci") or [0.0, 0.0]
+    return dg.MaterializeResult(metadata={
+        "gain": float(report["gain"] or 0.0), "gain_ci_low": float(ci[0] or 0.0), "gain_ci_high": float(ci[1] or 0.0),
+        "final_rps_per_gpu": float(report["final_rps_per_gpu"] or 0.0), "lossy": bool(report["lossy"]),
+        "ended_because": str(report["ended_because"]), "experiments": len(report["experiments"]),
+        "hit_rate": float(report["hit_rate"] or 0.0), "report": dg.MetadataValue.md(md),
+        "best_config": dg.MetadataValue.json(json_safe(report["best_config"])),
+        "review": dg.MetadataValue.path(report["paths"]["review"]),
+        "campaign_json": dg.MetadataValue.path(report["paths"]["campaign_json"])})

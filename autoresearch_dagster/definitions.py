@@ -15,9 +15,12 @@ import dagster as dg
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
+from assets.approval import approve_production, production_approval  # noqa: E402
 from assets.inputs import engine_version  # noqa: E402
 from assets.loop import (  # noqa: E402
+    campaign_report,
     confirmed_baseline,
+    correctness_gate,
     diagnostic_report,
     experiment_results,
     noise_baseline,
@@ -27,6 +30,7 @@ from assets.loop import (  # noqa: E402
 from assets.pool import replay_fidelity, replay_pool  # noqa: E402
 from resources import (  # noqa: E402
     ArtifactStore,
+    CampaignResource,
     EndpointRegistry,
     EngineFactory,
     MeasurementSettings,
@@ -34,12 +38,18 @@ from resources import (  # noqa: E402
     PoolSettings,
     ResultsLakeResource,
 )
-from sensors import endpoint_discovery_sensor, loop_automation, new_logs_sensor, promotion_sensor  # noqa: E402
+from sensors import (  # noqa: E402
+    campaign_sensor,
+    endpoint_discovery_sensor,
+    loop_automation,
+    new_logs_sensor,
+    promotion_sensor,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 OBSERVE_ENGINE_JOB = "observe_engine_version"
 ASSETS = [engine_version, replay_pool, confirmed_baseline, noise_baseline, diagnostic_report, proposals,
-          experiment_results, promotion_decision]
+          experiment_results, promotion_decision, campaign_report, production_approval]
 
 
 def _path(env: str, default: str) -> str:
@@ -48,7 +58,8 @@ def _path(env: str, default: str) -> str:
 
 
 def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candidates_dir: str | None = None,
-               settings: MeasurementSettings | None = None) -> dg.Definitions:
+               settings: MeasurementSettings | None = None, campaign: CampaignResource | None = None,
+               memory_dir: str | None = None) -> dg.Definitions:
     """The project's Definitions; arguments override the AUTORESEARCH_* environment defaults."""
     out = out_dir or _path("AUTORESEARCH_OUT", "out")
     if settings is None:
@@ -60,10 +71,11 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
         tokenizer_path=os.environ.get("AUTORESEARCH_TOKENIZER"))
     return dg.Definitions(
         assets=ASSETS,
-        asset_checks=[replay_fidelity],
+        asset_checks=[replay_fidelity, correctness_gate],
         # the automation sensor observes engine_version on its cron; this job does it on demand
-        jobs=[dg.define_asset_job(OBSERVE_ENGINE_JOB, selection=dg.AssetSelection.assets("engine_version"))],
-        sensors=[endpoint_discovery_sensor, promotion_sensor, new_logs_sensor, loop_automation],
+        jobs=[dg.define_asset_job(OBSERVE_ENGINE_JOB, selection=dg.AssetSelection.assets("engine_version")),
+              approve_production],
+        sensors=[endpoint_discovery_sensor, promotion_sensor, campaign_sensor, new_logs_sensor, loop_automation],
         resources={
             "registry": EndpointRegistry(
                 spec_dir=spec_dir or _path("AUTORESEARCH_ENDPOINTS", "examples/endpoints"),
@@ -73,7 +85,10 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
             "pool_settings": pool_settings,
             "store": ArtifactStore(out_dir=out),
             "lake": ResultsLakeResource(root=str(Path(out) / "lake")),
-            "memory": MemoryStore(path=str(Path(out) / "memory")),
+            "memory": MemoryStore(path=memory_dir or _path("AUTORESEARCH_MEMORY", str(Path(out) / "memory"))),
+            "campaign": campaign or CampaignResource(
+                proposer=os.environ.get("AUTORESEARCH_PROPOSER", "offline"),
+                budget_experiments=int(os.environ.get("AUTORESEARCH_BUDGET_EXPERIMENTS", "12"))),
         },
     )
 

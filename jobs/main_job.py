@@ -17,12 +17,22 @@ import dagster as dg
 from autoresearch_dagster.definitions import PROJECT_ROOT, build_defs
 from autoresearch_dagster.measure.profiles import PROFILES
 from jobs.instance import QUIET, execute, instance, observe_engine_version
-from resources import MeasurementSettings
-from sensors import endpoint_discovery_sensor, promotion_sensor
+from resources import CampaignResource, MeasurementSettings
+from sensors import campaign_sensor, endpoint_discovery_sensor, promotion_sensor
 from sensors.discovery import FIRST_RUN_ASSETS
 
 ROUND_ASSETS = ["noise_baseline", "diagnostic_report", "proposals", "experiment_results", "promotion_decision"]
 MAIN_TAG = "autoresearch/main_job"
+MAX_TICKS = 60  # a campaign ends by its own budget long before; this only stops a loop that stalls
+
+
+DEMO_CAMPAIGN = {"budget_experiments": 9, "deadline_min": 6.5, "concurrent_gpus": 2, "experiments_per_round": 3,
+                 "directions_per_round": 3, "search_trials": 4}
+
+
+def demo_campaign(**overrides) -> CampaignResource:
+    """make run's campaign: a few rounds on 2 virtual GPUs, ending well inside 10 minutes on 2 cores."""
+    return CampaignResource(**{**DEMO_CAMPAIGN, **overrides})
 
 
 def _merge_config(run_config: dict | None) -> dict:
@@ -36,17 +46,17 @@ def _execute_quiet(defs: dg.Definitions, instance: dg.DagsterInstance, partition
                    **{**kw, "run_config": _merge_config(kw.get("run_config"))})
 
 
-def _latest_storage_id(instance: dg.DagsterInstance, key: str) -> int | None:
-    recs = instance.fetch_materializations(dg.AssetKey(key), limit=1, ascending=False).records
-    return recs[0].storage_id if recs else None
-
-
 def _latest(instance: dg.DagsterInstance, key: str, partition: str) -> tuple[int, dict]:
     recs = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[partition]), limit=1).records
     if not recs:
         return -1, {}
     return recs[0].storage_id, {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
+
+
+def _latest_storage_id(instance: dg.DagsterInstance, key: str) -> int | None:
+    recs = instance.fetch_materializations(dg.AssetKey(key), limit=1, ascending=False).records
+    return recs[0].storage_id if recs else None
 
 
 def _blocking_check_failures(result: dg.ExecuteInProcessResult) -> list[str]:
@@ -80,32 +90,24 @@ def _requested_by_tick(result: dg.EvaluateAutomationConditionsResult) -> dict[st
     return by_partition
 
 
-def _round_summary(instance: dg.DagsterInstance, name: str, label: str) -> dict:
-    _, noise = _latest(instance, "noise_baseline", name)
-    exp_id, exp = _latest(instance, "experiment_results", name)
-    dec_id, dec = _latest(instance, "promotion_decision", name)
-    _, base = _latest(instance, "confirmed_baseline", name)
-    if dec_id < exp_id:  # the blocking correctness gate stopped the round before its decision
-        dec = {"promote": False, "reason": "no decision: a failed blocking check (correctness_gate) stopped it"}
-    v = (exp.get("verdicts") or [{}])[0]
-    return {"round": label, "baseline": f"{base.get('candidate_id')} ({base.get('config_hash')})",
-            "capacity_rps": noise.get("capacity_rps"), "noise_cv": noise.get("capacity_cv"),
-            "candidate": v.get("candidate_id", "-"), "verdict": v.get("verdict", "-"),
-            "ratio": v.get("ratio_median"), "ci": (v.get("ci_low"), v.get("ci_high")),
-            "promote": dec.get("promote"), "reason": dec.get("reason", "")}
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return format(x, spec) if isinstance(x, (int, float)) else "-"
+def _execute_request(defs, inst, say, req: dg.RunRequest, sensor: str) -> None:
+    keys = list(req.asset_selection or [])
+    what = ", ".join(k.to_user_string() for k in keys)
+    _run_checked(say, f"{sensor} -> {what}", lambda: _execute_quiet(
+        defs, inst, req.partition_key, keys, run_config=req.run_config,
+        tags={**req.tags, "dagster/sensor_name": sensor, **({"dagster/run_key": req.run_key} if req.run_key else {})}))
 
 
 def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None,
-                 candidates_dir: str | Path | None = None, settings: MeasurementSettings | None = None,
+                 settings: MeasurementSettings | None = None, campaign: CampaignResource | None = None,
                  home: str | Path | None = None, storage: str | None = None, say=print) -> dict:
-    """The demo loop through real Dagster runs on a persistent instance (what `dagster dev` shows):
-    discovery → pool + fidelity + baseline → engine observation → one round (noise floor,
-    diagnosis, proposals, experiment, decision) → promotion via the promotion sensor's run request
-    → the lineage rerun the automation sensor requests, tick by tick. Returns the summary rows."""
+    """A research campaign on one endpoint through real Dagster runs on a persistent instance (what
+    `dagster dev` then shows): discovery -> pool + fidelity + baseline -> engine observation -> the
+    first round (noise floor, diagnosis, proposals, experiments, decision) -> then, tick by tick, what
+    the daemon would do: the promotion sensor's promotions and the lineage reruns the automation sensor
+    requests after them, the campaign sensor's next rounds, and at the end its report and review
+    package. Returns the campaign report."""
+    from autoresearch_dagster.campaign.report import format_report
     from autoresearch_dagster.results import ResultsLake
     from autoresearch_dagster.spec import load_endpoint
 
@@ -113,18 +115,16 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
     name = spec.name
     spec_dir = Path(endpoint_path).resolve().parent
     out = Path(out_dir or PROJECT_ROOT / "out").resolve()
-    if candidates_dir is None:
-        beside = spec_dir.parent / "candidates"
-        candidates_dir = beside if beside.is_dir() else PROJECT_ROOT / "examples" / "candidates"
     settings = settings or MeasurementSettings(profile="quick")
+    campaign = campaign or demo_campaign()
     inst = instance(home, storage)
-    defs = build_defs(out_dir=str(out), spec_dir=str(spec_dir), candidates_dir=str(candidates_dir),
-                      settings=settings)
+    defs = build_defs(out_dir=str(out), spec_dir=str(spec_dir), settings=settings, campaign=campaign,
+                      memory_dir=str(out / "memory"))
     registry = defs.resources["registry"]
     say(f"instance: {inst.root_directory} ({type(inst.run_storage).__name__}); artifacts: {out}")
 
-    # A demo run starts the campaign from the spec's config: the previous run's working files move aside
-    # (the results lake keeps every row).
+    # A demo run starts a campaign from the spec's config: the previous run's working files move aside
+    # (the results lake and the memory keep every row).
     work = out / name
     if work.exists():
         previous = out / f"{name}.previous"
@@ -140,7 +140,7 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
         say(f"  added endpoint partitions: {[k for r in tick.dynamic_partitions_requests for k in r.partition_keys]}")
         requests = tick.run_requests
     else:
-        say(f"  {name!r} already known: re-seeding its pool and baseline from the spec")
+        say(f"  {name!r} already known: re-seeding its pool and baseline from the spec (a new campaign)")
         requests = [dg.RunRequest(partition_key=name, asset_selection=FIRST_RUN_ASSETS,
                                   tags={"autoresearch/endpoint": name, MAIN_TAG: "reseed"})]
     for req in requests:
@@ -151,40 +151,37 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
     say("2. engine_version observation")
     _run_checked(say, "observe engine_version", lambda: observe_engine_version(defs, inst))
 
-    decisions_before = _latest_storage_id(inst, "promotion_decision")
-    say("3. round 1: noise_baseline → diagnostic_report → proposals → experiment_results → promotion_decision")
+    cursors = {"promotion": _latest_storage_id(inst, "promotion_decision"),
+               "campaign": _latest_storage_id(inst, "promotion_decision")}
+    reports_before, _ = _latest(inst, "campaign_report", name)
+    say("3. round 1: noise_baseline -> diagnostic_report -> proposals -> experiment_results (one step per "
+        "experiment) -> promotion_decision")
     _run_checked(say, "round 1", lambda: _execute_quiet(defs, inst, name, [dg.AssetKey(k) for k in ROUND_ASSETS],
                                                         tags={MAIN_TAG: "round-1"}))
-    rounds = [_round_summary(inst, name, "1")]
-    report = json.loads((out / name / "diagnostic_report" / "report.json").read_text())
-    say("  top hypotheses: " + "; ".join(f"{h['bottleneck']} ({h['score']:.2f}, try {', '.join(h['knobs'][:3])})"
-                                         for h in report["hypotheses"][:3]))
     auto = dg.evaluate_automation_conditions(defs=defs, instance=inst)  # the automation sensor's first tick
 
-    say("4. promotion sensor")
-    tick = promotion_sensor(dg.build_sensor_context(
-        instance=inst, cursor=str(decisions_before) if decisions_before is not None else None))
-    mine = [r for r in tick.run_requests if r.partition_key == name]
-    if not mine:
-        say(f"  no promotion: {rounds[0]['reason']}")
-    for req in mine:
-        cfg = req.run_config["ops"]["confirmed_baseline"]["config"]
-        _run_checked(say, f"promote {cfg['candidate_id']} (run_key {req.run_key})",
-                     lambda req=req: _execute_quiet(defs, inst, name, list(req.asset_selection),
-                                                    run_config=req.run_config,
-                                                    tags={**req.tags, "dagster/sensor_name": "promotion_sensor",
-                                                          "dagster/run_key": req.run_key}))
-
-        say("5. lineage rerun: automation sensor ticks (evaluate_automation_conditions)")
-        for n in range(1, 6):
+    say("4. the daemon's ticks: promotion sensor, automation sensor, campaign sensor")
+    for n in range(1, MAX_TICKS + 1):
+        ran = False
+        tick = promotion_sensor(dg.build_sensor_context(instance=inst, cursor=None if cursors["promotion"] is None
+                                                        else str(cursors["promotion"])))
+        cursors["promotion"] = int(tick.cursor) if tick.cursor else cursors["promotion"]
+        for req in [r for r in tick.run_requests if r.partition_key == name]:
+            cfg = req.run_config["ops"]["confirmed_baseline"]["config"]
+            say(f"  tick {n}: promotion sensor promotes {cfg['candidate_id']}")
+            _execute_request(defs, inst, say, req, "promotion_sensor")
+            ran = True
+        # the automation sensor ticks until it requests nothing more; every run it requested is executed before
+        # the next tick (a tick that sees an asset's own new materialization together with its dependency's
+        # treats the dependency's update as handled: dagster.md, "materialize what a tick requested")
+        for _ in range(5):
             auto = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=auto.cursor)
             wanted = _requested_by_tick(auto)
             if not wanted:
-                say(f"  tick {n}: nothing requested")
                 break
             for partition, keys in wanted.items():
                 names = sorted(k.to_user_string() for k in keys)
-                say(f"  tick {n}: requested {names} for {partition or 'all endpoints'}")
+                say(f"  tick {n}: automation sensor requests {names} for {partition or 'all endpoints'}")
                 if dg.AssetKey("engine_version") in keys:
                     _run_checked(say, "observe engine_version", lambda: observe_engine_version(defs, inst))
                     keys = keys - {dg.AssetKey("engine_version")}
@@ -192,51 +189,55 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
                     _run_checked(say, f"automation tick {n}", lambda p=partition, k=keys, n=n: _execute_quiet(
                         defs, inst, p, sorted(k, key=lambda a: a.to_user_string()),
                         tags={MAIN_TAG: f"automation-tick-{n}"}))
-        rounds.append(_round_summary(inst, name, "2 (after promotion)"))
+                    ran = True
+        tick = campaign_sensor(dg.build_sensor_context(instance=inst, cursor=None if cursors["campaign"] is None
+                                                       else str(cursors["campaign"])))
+        cursors["campaign"] = int(tick.cursor) if tick.cursor else cursors["campaign"]
+        for req in [r for r in tick.run_requests if r.partition_key == name]:
+            say(f"  tick {n}: campaign sensor requests the {req.tags.get('autoresearch/next')}")
+            _execute_request(defs, inst, say, req, "campaign_sensor")
+            auto = dg.evaluate_automation_conditions(defs=defs, instance=inst, cursor=auto.cursor)  # sees that run
+            ran = True
+        if _latest(inst, "campaign_report", name)[0] > reports_before:
+            break
+        if not ran:
+            say(f"  tick {n}: nothing requested; the loop stalled before its report")
+            break
 
-    last = rounds[-1]
-    if len(rounds) > 1 and last["promote"]:
-        say(f"round 2 decided to promote {last['candidate']}: the promotion sensor promotes it under "
-            "`dagster dev` (and the automation reruns the lineage again)")
+    report_path = out / name / "campaign" / "campaign.json"
     lake = ResultsLake(out / "lake")
     lake.refresh_views()
+    if not report_path.exists():
+        raise RuntimeError(f"the campaign ended without its report ({report_path})")
+    report = json.loads(report_path.read_text())
     say("")
-    say(f"{'round':<20} {'baseline':<28} {'capacity rps':>12} {'noise CV':>9} {'candidate':<30} "
-        f"{'verdict':<8} {'ratio [CI]':<22} promote")
-    for r in rounds:
-        ci = f"{_fmt(r['ratio'], '.3f')} [{_fmt(r['ci'][0], '.3f')}, {_fmt(r['ci'][1], '.3f')}]"
-        say(f"{r['round']:<20} {r['baseline']:<28} {_fmt(r['capacity_rps'], '12.2f')} "
-            f"{_fmt(r['noise_cv'], '9.2%')} {r['candidate']:<30} {r['verdict']:<8} {ci:<22} {r['promote']}")
-    for r in rounds:
-        say(f"  round {r['round']}: {r['reason']}")
-    say("")
-    say("where to look:")
-    say(f"  DuckDB views:   duckdb {lake.duckdb_path()}   (or: autoresearch sql \"SELECT * FROM verdict_history\")")
-    say(f"  plots:          {out / name / 'noise_baseline' / 'load_curves.png'}, "
-        f"{out / name / 'experiment_results' / 'ratios.png'}, {out / name / 'diagnostic_report'}/*.png")
-    say(f"  diagnosis:      {out / name / 'diagnostic_report' / 'report.md'}")
+    say(format_report(report))
+    say(f"  DuckDB views:   duckdb {lake.duckdb_path()}   (or: autoresearch sql \"SELECT * FROM prediction_scores\")")
     say(f"  Dagster UI:     DAGSTER_HOME={inst.root_directory} dagster dev -w workspace.yaml")
-    return {"rounds": rounds, "duckdb": str(lake.duckdb_path()), "dagster_home": inst.root_directory,
-            "out": str(out)}
+    say(f"  approve:        dagster job launch -j approve_production (or: autoresearch campaign approve --review "
+        f"{report['paths']['review']} --who NAME --decision approve)")
+    return {"report": report, "duckdb": str(lake.duckdb_path()), "dagster_home": inst.root_directory, "out": str(out)}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "run", help="run the loop for one endpoint through Dagster (pool → verdict → promotion → rerun)",
+        "run", help="run a research campaign for one endpoint through Dagster (the main job: make run)",
         description="The main job, through real Dagster runs on a persistent instance at DAGSTER_HOME "
-                    "(default ./.dagster_home, SQLite): endpoint discovery, the replay pool and its "
-                    "fidelity check, the baseline's noise floor and load curve, diagnosis, proposals, "
-                    "one experiment with its verdict, the promotion through the promotion sensor and "
-                    "the lineage rerun the automation sensor requests. Prints a results table and "
-                    "where to look; `dagster dev -w workspace.yaml` then shows the runs and lineage.")
+                    "(default ./.dagster_home, SQLite): endpoint discovery, the replay pool and its fidelity "
+                    "check, then a research campaign: the baseline's noise floor and diagnosis, rounds of the "
+                    "system's own proposals run as experiments with verdicts, promotions through the promotion "
+                    "sensor and the lineage reruns the automation sensor requests, the next rounds through the "
+                    "campaign sensor, and at the end the campaign report and its review package. Prints the "
+                    "results table and where to look; `dagster dev -w workspace.yaml` then shows the runs.")
     p.add_argument("--endpoint", required=True, help="endpoint spec file (YAML/JSON)")
-    p.add_argument("--out", help="artifacts and results lake (default ./out)")
-    p.add_argument("--candidates", help="candidate config files <endpoint>_*.yaml "
-                                        "(default: ../candidates beside the spec, else examples/candidates)")
+    p.add_argument("--out", help="artifacts, results lake and memory (default ./out)")
     p.add_argument("--measure", choices=sorted(PROFILES), default="quick",
-                   help="measurement profile (measure/profiles.py); quick (default): 5 runs per arm without "
-                        "escalation and the quick diagnosis; standard: 5 → 10 → 20 runs per arm and the "
-                        "full diagnosis")
+                   help="measurement profile (measure/profiles.py); quick (default): steady-state holds, 5 runs "
+                        "per arm; standard: 5 -> 10 -> 20 runs per arm and the full diagnosis")
+    p.add_argument("--budget-experiments", type=int, default=9)
+    p.add_argument("--deadline-min", type=float, default=6.5, help="the campaign's deadline (default 6.5 minutes)")
+    p.add_argument("--concurrent-gpus", type=int, default=2)
+    p.add_argument("--proposer", choices=["offline", "claude", "both"], default="offline")
     p.add_argument("--dagster-home", help="instance directory (default $DAGSTER_HOME, else ./.dagster_home)")
     p.add_argument("--storage", choices=["sqlite", "postgres"],
                    help="instance storage (default $AUTORESEARCH_DAGSTER_STORAGE, else sqlite); "
@@ -246,6 +247,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     settings = MeasurementSettings(profile=args.measure)
-    run_main_job(Path(args.endpoint), out_dir=args.out, candidates_dir=args.candidates, settings=settings,
+    campaign = demo_campaign(budget_experiments=args.budget_experiments, deadline_min=args.deadline_min,
+                             concurrent_gpus=args.concurrent_gpus, proposer=args.proposer)
+    run_main_job(Path(args.endpoint), out_dir=args.out, settings=settings, campaign=campaign,
                  home=args.dagster_home, storage=args.storage)
     return 0

@@ -1,7 +1,8 @@
 """Dagster sensors: endpoint discovery, promotion (the loop's back edge), new logs, automation."""
 from sensors.automation import loop_automation
+from sensors.campaign import campaign_sensor
 from sensors.discovery import endpoint_discovery_sensor
 from sensors.logs import new_logs_sensor
 from sensors.promotion import promotion_sensor
 
-__all__ = ["endpoint_discovery_sensor", "loop_automation", "new_logs_sensor", "promotion_sensor"]
+__all__ = ["campaign_sensor", "endpoint_discovery_sensor", "loop_automation", "new_logs_sensor", "promotion_sensor"]

@@ -39,9 +39,17 @@ def test_blocking_checks_exist():
     assert checks[("experiment_results", "correctness_gate")] is True
 
 
+def test_experiments_fan_out_one_step_each_on_the_gpu_pool():
+    node = defs.resolve_assets_def("experiment_results").node_def
+    ops = {n.name: n.definition for n in node.nodes}
+    assert ops["run_experiment_step"].pool == "gpu"
+    assert ops["round_experiments"].output_defs[0].is_dynamic
+
+
 def test_sensors_run_by_default_and_automation_covers_the_source_asset():
     sensors = {s.name: s for s in defs.sensors}
-    assert set(sensors) == {"endpoint_discovery_sensor", "promotion_sensor", "new_logs_sensor", "loop_automation"}
+    assert set(sensors) == {"endpoint_discovery_sensor", "promotion_sensor", "campaign_sensor", "new_logs_sensor",
+                            "loop_automation"}
     for s in sensors.values():
         assert s.default_status == dg.DefaultSensorStatus.RUNNING, s.name
     auto = sensors["loop_automation"]
