@@ -1,0 +1,340 @@
+"""Search efficiency: experiments (and GPU-hours) a method needs to reach 95% of the best config that passes
+the correctness gate, on a suite of emulated endpoints, side by side in one run: the offline proposer
+(a campaign: recipes + surrogate-guided search), random search and plain Optuna TPE.
+
+Honest ground truth. Each endpoint's engine has hidden efficiency factors (``benchmarks/suite.py``): the
+offline proposer's surrogate is the emulator with the documented factors (calibrated on the campaign's
+own measurements), so its model is wrong as it would be of a real GPU. The truth of a config is its
+capacity on the endpoint's own engine with the run-to-run noise off (same seeds, same capacity search);
+the methods only ever see noisy runs through the shared harness.
+
+Reference optimum, per endpoint: a one-at-a-time screen of every knob value of the full search space on
+the true engine picks the knobs that matter (the six with the largest effect); an exhaustive grid over
+them (several hundred points: each knob's screened values, trimmed to the default and its best values when
+the product is too large) gives the best config that passes the correctness gate; any config a method
+promoted that is better still becomes the optimum (so a method is never scored against less than it found).
+
+Same verdict machinery for all: every experiment goes through ``experiments.run_experiment`` against the
+working baseline's shared control (its noise floor), futility stop, no confirmation inside the experiment
+(a promoted config's noise floor is re-measured, and paid for); a lossy candidate passes the correctness
+gate first (one emulated gate per numerics pair, cached). Random search samples the full knob space (configs
+that cannot run at all, e.g. more GPUs than the endpoint has, are resampled for free); TPE asks Optuna's
+TPESampler over the same space and is told each candidate's measured capacity. A method's count is the
+number of experiments run when the promotion that first reached 95% of the optimum happened (for the
+campaign: at the end of that round); a method that never reaches it within its budget counts as budget + 1.
+
+Targets (issue 11): the offline proposer's median over the suite <= 12 experiments and at most half of TPE's.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.suite import SUITE, Bench  # noqa: E402
+
+from autoresearch_dagster.agents.search import TPE, SearchSpace, static_problem  # noqa: E402
+from autoresearch_dagster.campaign.loop import CampaignRunner, gate_key  # noqa: E402
+from autoresearch_dagster.campaign.state import CampaignSettings  # noqa: E402
+from autoresearch_dagster.emulator.noise import NoiseSettings  # noqa: E402
+from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
+from autoresearch_dagster.experiments.experiment import SharedControl, correctness_check, run_experiment  # noqa: E402
+from autoresearch_dagster.experiments.noise import measure_noise  # noqa: E402
+from autoresearch_dagster.experiments.runs import HarnessSettings  # noqa: E402
+from autoresearch_dagster.measure.capacity import find_capacity  # noqa: E402
+from autoresearch_dagster.measure.profiles import measurement_profile  # noqa: E402
+from autoresearch_dagster.memory import Memory  # noqa: E402
+from autoresearch_dagster.outputs.files import atomic_write_text  # noqa: E402
+from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
+from autoresearch_dagster.spec import Budget, CampaignBudget, config_hash, is_lossy  # noqa: E402
+
+PROFILE = measurement_profile("standard").with_overrides(step_duration_s=40.0, min_completed=60, warmup_s=0.0,
+                                                         max_steps=16, noise_runs=5, initial_runs_per_arm=5,
+                                                         max_runs_per_arm=10)
+TOP_KNOBS = 6
+MAX_GRID = 480
+_W: dict = {}
+
+
+def _bench(name: str) -> Bench:
+    return next(b for b in SUITE if b.name == name)
+
+
+def _pool(name: str):
+    key = f"pool:{name}"
+    if key not in _W:
+        _W[key] = read_pool(_W["pools"][name])
+    return _W[key]
+
+
+def truth(task: tuple[str, dict]) -> tuple[str, str, float | None]:
+    """(bench, config hash, capacity on the endpoint's own engine with noise off; None: it cannot run)."""
+    name, config = task
+    ep = _bench(name).endpoint()
+    if static_problem(config, ep.gpus):
+        return name, config_hash(config), None
+    try:
+        dep = EmulatorEngine(ep, noise=NoiseSettings.off()).deploy(config, seed=0)
+    except Exception:  # noqa: BLE001 -- a config the engine refuses (does not fit) has no capacity
+        return name, config_hash(config), None
+    res = find_capacity(dep, _pool(name), ep.sla, gpus=ep.gpus, model=ep.model, settings=PROFILE.capacity, seed=0)
+    cap = res.capacity_interp_rps if res.capacity_interp_rps is not None else res.capacity_rps
+    return name, config_hash(config), float(cap or 0.0)
+
+
+def _gate(ep, baseline: dict, config: dict, pool) -> dict:
+    """The correctness gate's answer for this numerics pair, computed once per process and shared."""
+    key = gate_key(baseline, config)
+    cache = _W.setdefault("gates", {})
+    if key not in cache:
+        cache[key] = correctness_check(ep, baseline, config, pool, engine=EmulatorEngine(ep))
+    return cache[key]
+
+
+def _harness(seed: int) -> HarnessSettings:
+    return HarnessSettings(capacity=PROFILE.capacity, seed=seed, confirm=False, stop_when_not_better=True)
+
+
+def search_loop(name: str, method: str, seed: int, budget: int) -> dict:
+    """Random search or TPE through the shared harness: each candidate is an experiment against the working
+    baseline; a better one is promoted and its noise floor measured."""
+    ep, pool = _bench(name).endpoint(), _pool(name)
+    engine = EmulatorEngine(ep)
+    space = SearchSpace.full(ep.gpus)
+    rng = random.Random(f"{method}-{seed}")
+    tpe = TPE(space, {}, seed=seed, n_startup_trials=10) if method == "tpe" else None
+    base, gpu_s, n = dict(ep.server_config), 0.0, 0
+    noise = measure_noise(ep, base, pool, engine=engine, runs=PROFILE.noise_runs, settings=_harness(seed))
+    gpu_s += sum(r.gpu_seconds for r in noise.runs)
+    control, cv, cap = [r for r in noise.runs if r.valid], noise.capacity_cv, noise.floor.median
+    trajectory = [{"experiments": 0, "gpu_h": gpu_s / 3600, "config": base}]
+    tried: set[str] = set()
+    while n < budget:
+        asked = None
+        if tpe is not None:
+            pair = tpe.ask(1, exclude=tried)
+            if not pair:
+                break
+            asked, cfg = pair[0]
+        else:
+            cfg = space.sample(rng, {})
+        h = config_hash(cfg)
+        if static_problem(cfg, ep.gpus) or h == config_hash(base) or (tpe is None and h in tried):
+            if asked is not None:
+                tpe.tell(asked, cfg, None, "cannot run")
+            continue
+        tried.add(h)
+        n += 1
+        corr = _gate(ep, base, cfg, pool) if is_lossy(cfg, base) else None
+        res = run_experiment(ep, base, cfg, pool, engine=engine, settings=_harness(seed * 1000 + n),
+                             budget=Budget(initial_runs_per_arm=PROFILE.initial_runs_per_arm,
+                                           max_runs_per_arm=PROFILE.max_runs_per_arm),
+                             noise_cv=cv, control=SharedControl(control), correctness=corr)
+        gpu_s += res.gpu_seconds
+        measured = (res.stats.ratio_median * cap) if res.stats and res.verdict != "invalid" else None
+        if asked is not None:
+            tpe.tell(asked, cfg, measured, res.verdict)
+        if res.verdict == "better":
+            base = dict(cfg)
+            noise = measure_noise(ep, base, pool, engine=engine, runs=PROFILE.noise_runs, settings=_harness(seed + n))
+            gpu_s += sum(r.gpu_seconds for r in noise.runs)
+            control, cv, cap = [r for r in noise.runs if r.valid], noise.capacity_cv, noise.floor.median
+            trajectory.append({"experiments": n, "gpu_h": gpu_s / 3600, "config": base})
+    return {"bench": name, "method": method, "seed": seed, "experiments": n, "gpu_h": gpu_s / 3600,
+            "trajectory": trajectory}
+
+
+def campaign(name: str, seed: int, budget: int) -> dict:
+    """The offline proposer: a campaign (rounds of three experiments, promotions, re-measured baselines)."""
+    ep, pool = _bench(name).endpoint(), _pool(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        runner = CampaignRunner(ep, pool, engine=EmulatorEngine(ep), out_dir=Path(tmp) / "c", measurement=PROFILE,
+                                memory=Memory(Path(tmp) / "memory"),
+                                settings=CampaignSettings(seed=seed, diagnosis_probes=False,
+                                                          budget=CampaignBudget(max_experiments=budget)))
+        runner.run()
+        st = runner.state
+    done, gpu_s, trajectory = 0, 0.0, [{"experiments": 0, "gpu_h": 0.0, "config": st.original.config}]
+    by_round: dict[int, list] = {}
+    for e in st.experiments:
+        by_round.setdefault(e["round"], []).append(e)
+    noise_gpu = {era.index: (era.noise or {}).get("gpu_seconds", 0.0) for era in st.eras}
+    gpu_s = noise_gpu.get(0, 0.0)
+    trajectory[0]["gpu_h"] = gpu_s / 3600
+    for d in st.decisions:
+        exps = by_round.get(d["round"], [])
+        done += sum(1 for e in exps if e.get("ran"))
+        gpu_s += sum(e.get("gpu_seconds") or 0 for e in exps)
+        if d.get("promote"):
+            era = next((x for x in st.eras if x.source_experiment_id == d["experiment_id"]), None)
+            gpu_s += noise_gpu.get(era.index, 0.0) if era else 0.0
+            trajectory.append({"experiments": done, "gpu_h": gpu_s / 3600, "config": d["config"]})
+    return {"bench": name, "method": "offline", "seed": seed, "experiments": int(st.spent["experiments"]),
+            "gpu_h": st.spent["gpu_seconds"] / 3600, "trajectory": trajectory, "ended_because": st.ended_because}
+
+
+def method_job(task: tuple[str, str, int, int]) -> dict:
+    name, method, seed, budget = task
+    t0 = time.monotonic()
+    out = campaign(name, seed, budget) if method == "offline" else search_loop(name, method, seed, budget)
+    out["wall_s"] = time.monotonic() - t0
+    return out
+
+
+def _init(pools: dict[str, str]) -> None:
+    _W["pools"] = pools
+
+
+def reference_configs(name: str, screen: dict[str, float | None], default_cap: float) -> list[dict]:
+    """The grid over the knobs that matter on the true engine (from the one-at-a-time screen)."""
+    ep = _bench(name).endpoint()
+    space = SearchSpace.full(ep.gpus)
+    effect: dict[str, list[tuple[float, object]]] = {}
+    for knob, vals in space.choices.items():
+        for v in vals:
+            cap = screen.get(config_hash(space.config({knob: v}, {})))
+            if cap is not None:
+                effect.setdefault(knob, []).append((cap, v))
+    ranked = sorted(effect, key=lambda k: -max(abs(c - default_cap) for c, _ in effect[k]))[:TOP_KNOBS]
+    values = {k: [v for _, v in sorted(effect[k], key=lambda cv: -cv[0])] for k in ranked}
+    keep = 4
+    while math.prod(len(v[:keep]) for v in values.values()) > MAX_GRID and keep > 2:
+        keep -= 1
+    grid = {k: list(dict.fromkeys([None] + v[:keep])) for k, v in values.items()}  # None: the server's default
+    out = []
+    for combo in itertools.product(*grid.values()):
+        cfg = space.config(dict(zip(grid, combo)), {})
+        if not static_problem(cfg, ep.gpus):
+            out.append(cfg)
+    return out
+
+
+def reached(traj: list[dict], caps: dict[str, float], optimum: float, budget: int) -> tuple[int, float]:
+    for t in traj:
+        if caps.get(config_hash(t["config"]), 0.0) >= 0.95 * optimum:
+            return t["experiments"], t["gpu_h"]
+    return budget + 1, float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--benches", help="comma-separated names from benchmarks/suite.py (default: all)")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per method and endpoint (default 2)")
+    ap.add_argument("--budget", type=int, default=24, help="experiments per method run (default 24)")
+    ap.add_argument("--offline-budget", type=int, default=16, help="experiments of the offline campaign")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cache", default=str(ROOT / "out" / "bench_search_truth.json"),
+                    help="JSON cache of true capacities (reused while the suite and protocol are unchanged)")
+    ap.add_argument("--out", default=str(ROOT / "out" / "bench_search.json"), help="every run's details")
+    args = ap.parse_args()
+    benches = [b for b in SUITE if not args.benches or b.name in args.benches.split(",")]
+    t0 = time.monotonic()
+    print(f"search efficiency on {len(benches)} endpoints, {args.seeds} seed(s) per method, budgets "
+          f"{args.offline_budget} (offline) / {args.budget} (random, TPE); load average {os.getloadavg()[0]:.2f}",
+          flush=True)
+    cache_path = Path(args.cache)
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    proto = config_hash({"profile": str(PROFILE.capacity), "suite": [str(b) for b in benches]})[:8]
+    with tempfile.TemporaryDirectory() as tmp:
+        pools = {b.name: str(b.pool(Path(tmp))) for b in benches}
+        ctx = mp.get_context("fork")
+        with ctx.Pool(args.workers, initializer=_init, initargs=(pools,)) as p:
+            def truths(tasks: list[tuple[str, dict]]) -> None:
+                todo = [t for t in tasks if f"{proto}:{t[0]}:{config_hash(t[1])}" not in cache]
+                for name, h, cap in p.imap_unordered(truth, todo, chunksize=2):
+                    cache[f"{proto}:{name}:{h}"] = cap
+                cache_path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(cache_path, json.dumps(cache))
+
+            def cap_of(name: str, cfg: dict) -> float | None:
+                return cache.get(f"{proto}:{name}:{config_hash(cfg)}")
+
+            print("phase 1: one-at-a-time screen on the true engines", flush=True)
+            screens = {}
+            for b in benches:
+                space = SearchSpace.full(b.endpoint().gpus)
+                screens[b.name] = [space.config({k: v}, {}) for k, vals in space.choices.items() for v in vals] + [{}]
+            truths([(b.name, c) for b in benches for c in screens[b.name]])
+            grids = {b.name: reference_configs(b.name, {config_hash(c): cap_of(b.name, c) for c in screens[b.name]},
+                                               cap_of(b.name, {}) or 0.0) for b in benches}
+            print(f"  {time.monotonic() - t0:.0f} s; phase 2: exhaustive grids "
+                  f"({', '.join(f'{n}: {len(g)}' for n, g in grids.items())} points)", flush=True)
+            truths([(n, c) for n, g in grids.items() for c in g])
+            t1 = time.monotonic()
+            print(f"  {t1 - t0:.0f} s; phase 3: the methods", flush=True)
+            jobs = [(b.name, m, s, args.offline_budget if m == "offline" else args.budget)
+                    for b in benches for m in ("offline", "random", "tpe") for s in range(args.seeds)]
+            runs = []
+            for r in p.imap_unordered(method_job, jobs):
+                runs.append(r)
+                print(f"  {r['bench']:24s} {r['method']:8s} seed {r['seed']}: {r['experiments']} experiments, "
+                      f"{r['gpu_h']:.1f} GPU-h, {len(r['trajectory']) - 1} promotion(s), {r['wall_s']:.0f} s"
+                      + (f" ({r['ended_because']})" if r.get("ended_because") else ""), flush=True)
+            truths([(r["bench"], t["config"]) for r in runs for t in r["trajectory"]])
+            gate_cache: dict[str, bool] = {}
+
+            def passes(name: str, cfg: dict) -> bool:
+                if not is_lossy(cfg, {}):
+                    return True
+                key = gate_key({}, cfg)
+                if key not in gate_cache:
+                    gate_cache[key] = bool(_gate(_bench(name).endpoint(), {}, cfg, None).get("passed"))
+                return gate_cache[key]
+
+            table, summary = [], {"offline": [], "random": [], "tpe": []}
+            gpu_summary = {"offline": [], "random": [], "tpe": []}
+            for b in benches:
+                cands = grids[b.name] + [t["config"] for r in runs if r["bench"] == b.name for t in r["trajectory"]]
+                scored = [(cap_of(b.name, c) or 0.0, c) for c in cands if passes(b.name, c)]
+                opt_cap, opt_cfg = max(scored, key=lambda x: x[0])
+                caps = {config_hash(c): (cap or 0.0) for cap, c in scored}
+                row = {"bench": b.name, "default": cap_of(b.name, {}), "optimum": opt_cap, "optimum_config": opt_cfg}
+                for m in ("offline", "random", "tpe"):
+                    mine = [r for r in runs if r["bench"] == b.name and r["method"] == m]
+                    got = [reached(r["trajectory"], caps, opt_cap, r["experiments"] if m == "offline" else args.budget)
+                           for r in mine]
+                    row[m] = float(np.median([g[0] for g in got]))
+                    row[m + "_gpu_h"] = float(np.nanmedian([g[1] for g in got])) if any(
+                        not math.isnan(g[1]) for g in got) else float("nan")
+                    row[m + "_runs"] = [g[0] for g in got]
+                    summary[m].append(row[m])
+                    gpu_summary[m].append(row[m + "_gpu_h"])
+                table.append(row)
+    print("\nexperiments (GPU-hours) to reach 95% of the optimum that passes the correctness gate; "
+          f"> budget counts as budget + 1")
+    print(f"{'endpoint':24s} {'default':>8s} {'optimum':>8s}  {'offline':>16s} {'random':>16s} {'TPE':>16s}  optimum config")
+    for r in table:
+        cells = [f"{r[m]:5.1f} ({r[m + '_gpu_h']:6.1f} h)" if not math.isnan(r[m + '_gpu_h'])
+                 else f"{r[m]:5.1f} (   -   )" for m in ("offline", "random", "tpe")]
+        print(f"{r['bench']:24s} {r['default'] or 0:8.2f} {r['optimum']:8.2f}  {cells[0]:>16s} {cells[1]:>16s} "
+              f"{cells[2]:>16s}  {json.dumps(r['optimum_config'], sort_keys=True)}")
+    med = {m: float(np.median(v)) for m, v in summary.items()}
+    gmed = {m: float(np.nanmedian(v)) if any(not math.isnan(x) for x in v) else float("nan")
+            for m, v in gpu_summary.items()}
+    print(f"{'median':24s} {'':8s} {'':8s}  " + " ".join(f"{med[m]:5.1f} ({gmed[m]:6.1f} h)".rjust(16)
+                                                      for m in ("offline", "random", "tpe")))
+    ok = med["offline"] <= 12 and med["offline"] <= 0.5 * med["tpe"]
+    print(f"target: offline median <= 12 experiments and <= half of TPE's ({med['offline']:.1f} vs "
+          f"{med['tpe']:.1f}): {'met' if ok else 'NOT met'}")
+    print(f"wall time {time.monotonic() - t0:.0f} s, {args.workers} workers, load average {os.getloadavg()[0]:.2f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(args.out), json.dumps({"table": table, "runs": runs}, default=str, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
