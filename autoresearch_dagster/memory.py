@@ -151,6 +151,11 @@ class Memory:
                                             f"(campaign {e.get('campaign_id')}, {str(e.get('recorded_at', ''))[:10]})")
         return out
 
+    def gate_failures(self, endpoint: str) -> dict[str, list[str]]:
+        """Experiment id -> the lossy settings whose candidate failed the correctness gate on this endpoint
+        (the gate judges numerics, which no later baseline or engine upgrade of the endpoint changes)."""
+        return {e["experiment_id"]: e["gate_failed"] for e in self.entries(endpoint) if e.get("gate_failed")}
+
     def similar(self, profile: dict[str, Any], *, k: int = 8, exclude_endpoint: str | None = None) -> list[dict[str, Any]]:
         """Findings of the most similar endpoints, one row per technique: its outcomes side by side (with
         the conditions of each), ``disagreement`` when they differ."""

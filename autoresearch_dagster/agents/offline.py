@@ -17,7 +17,7 @@ from typing import Any
 
 from autoresearch_dagster.agents.guardrails import Guardrails
 from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, Intervention, KnobChange, LatencyTerm, Prediction,
-                                                  Proposal, ResearchBrief, Session, fails_gate)
+                                                  Proposal, ResearchBrief, Session, fails_gate, lossy_settings)
 from autoresearch_dagster.agents.recipes import Recipe, load_recipes, resolve_move
 from autoresearch_dagster.agents.search import SearchSpace, normalize, search, static_problem
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
@@ -137,7 +137,7 @@ class OfflineProposer:
         penalty = max(0.005, min_gain / 2)
         ranked = sorted((t for t in tpe.trials if t.value is not None and t.source != "history"),
                         key=lambda t: -(t.value - penalty * max(0, len(diff(base, t.config)) - 1)))
-        chosen, knob_sets = [], []
+        chosen, knob_sets, risks = [], [], []
         for t in ranked:
             h = config_hash(t.config)
             if h in tested or h == config_hash(base) or any(config_hash(c.config) == h for c in chosen):
@@ -147,8 +147,13 @@ class OfflineProposer:
             ks = frozenset(diff(base, t.config))
             if ks in knob_sets and len(chosen) + 1 >= brief.max_proposals:
                 continue  # keep the last slot for a different set of knobs
+            # two candidates staking on the same untested lossy settings fail the gate together: vary the bet
+            risk = frozenset(lossy_settings(t.config)) - frozenset(lossy_settings(base))
+            if risk and any(risk & r for r in risks):
+                continue
             chosen.append(t)
             knob_sets.append(ks)
+            risks.append(risk)
         trace = {"proposer": self.name, "direction": brief.direction, "question": brief.question,
                  "recipes": [{"name": r.name, "relevance": s, "addresses": list(r.addresses)} for r, s in recipes],
                  "seeds": [{"label": label, "config_hash": config_hash(c)} for c, label in seeds],

@@ -20,6 +20,7 @@ controls aside) are run, and a round with none left is how a campaign runs out o
 """
 from __future__ import annotations
 
+import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -216,11 +217,22 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
                              "reasons": [f"predicted gain {predicted(p) - 1:+.1%} is below half the verdict margin "
                                          f"({margin:.1%}): not evidence-supported"]})
     order: list[Proposal] = [p for p in supported if p.kind == "control"][:1]
+    combos = sorted((p for p in supported if p.kind == "combination"), key=lambda p: -predicted(p))
+    singles = [predicted(p) for p in supported if p.kind == "experiment"]
+    if combos and (not singles or predicted(combos[0]) > max(singles)):
+        order.append(combos[0])  # the best idea first; its singles below are its controls
     for d in [x["direction"] for x in directions]:
         mine = sorted((p for p in supported if p.direction == d and p.kind == "experiment"), key=lambda p: -predicted(p))
         if mine:
             order.append(mine[0])
     rest = sorted((p for p in supported if p not in order and p.kind != "control"), key=lambda p: -predicted(p))
+
+    def redundant(p: Proposal) -> bool:  # the same idea with a knob more or less than one already chosen
+        mine = set(p.intervention.delta())
+        return any(q.direction == p.direction and (mine <= set(q.intervention.delta()) or set(q.intervention.delta())
+                                                   <= mine) for q in order)
+
+    rest = [p for p in rest if not redundant(p)] + [p for p in rest if redundant(p)]
     chosen = (order + rest)[:max_experiments]
     note = (f"{len(chosen)} experiment(s) from {len(candidates)} session proposal(s) and {len(extra)} of the "
             f"orchestrator; {len(rejected)} refused")
@@ -249,15 +261,16 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
         if p.kind == "experiment" and not p.is_patch and p.prediction.capacity_ratio >= 1 + margin:
             best.setdefault(p.direction, p)
     tops = list(best.values())
-    for i, a in enumerate(tops):
-        for b in tops[i + 1:]:
-            da, db = diff(base, a.candidate_config), diff(base, b.candidate_config)
-            if set(da) & set(db) or len(da) + len(db) > max_changes:
+    for size in range(2, len(tops) + 1):
+        for group in itertools.combinations(tops, size):
+            deltas = [diff(base, p.candidate_config) for p in group]
+            knobs = [k for d in deltas for k in d]
+            if len(knobs) != len(set(knobs)) or len(knobs) > max_changes:
                 continue
-            cfg = normalize({**base, **da, **db}, base, resolved)
+            cfg = normalize({**base, **{k: v for d in deltas for k, v in d.items()}}, base, resolved)
             if not static_problem(cfg, brief.gpus):
                 todo.append(("combination", f"r{brief.round}-combo-{config_hash(cfg)[:6]}", cfg,
-                             {"parents": [a.id, b.id], "directions": [a.direction, b.direction]}))
+                             {"parents": [p.id for p in group], "directions": [p.direction for p in group]}))
     if not todo:
         return []
     preds = predictor.predict(base, [c for _, _, c, _ in todo])
@@ -286,14 +299,14 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
                                            "the promoted change (they compete for the same resource)",
                              evidence=[f"earlier verdict {meta.get('verdict')} at ratio {meta.get('ratio', 0):.3f}"]))
         else:
+            parts = " and ".join(f"{p} ({d})" for p, d in zip(meta["parents"], meta["directions"]))
             out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction=meta["directions"][0],
                              parents=meta["parents"],
-                             explanation=(f"combination of {meta['parents'][0]} ({meta['directions'][0]}) and "
-                                          f"{meta['parents'][1]} ({meta['directions'][1]}): disjoint knobs "
-                                          f"{', '.join(delta)} whose gains may add up; the singles in this round are "
-                                          "its controls"),
-                             falsification="refuted if the combination is not better than the better single: the "
-                                           "two changes relieve the same bottleneck",
+                             explanation=(f"combination of {parts}: disjoint knobs {', '.join(delta)} whose gains "
+                                          "may add up, each relieving its own bottleneck; the singles in this round "
+                                          "are its controls"),
+                             falsification="refuted if the combination is not better than the best single: the "
+                                           "changes relieve the same bottleneck",
                              evidence=[f"singles predicted {', '.join(p for p in meta['parents'])}"]))
     return out
 

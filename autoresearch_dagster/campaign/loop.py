@@ -358,7 +358,7 @@ class CampaignRunner:
             experiment_ids=[e["experiment_id"] for e in self.state.experiments], history=history,
             prior_findings=prior, direction="scheduling_cache", question="", hypotheses=era.hypotheses,
             max_proposals=2, guardrails=self.guardrails().describe(), tested_configs=self._tested(),
-            gate_failures=list(self.state.gate_failures.values()), seed=self.settings.seed)
+            gate_failures=list(self._gate_failures().values()), seed=self.settings.seed)
 
     def _tested(self) -> dict[str, str]:
         era = self.state.era
@@ -367,6 +367,11 @@ class CampaignRunner:
         if self.memory:
             out = {**self.memory.tested(self.endpoint.name, era.config_hash, self.conditions()), **out}
         return out
+
+    def _gate_failures(self) -> dict[str, list[str]]:
+        """Lossy settings that failed the correctness gate: in this campaign, or remembered for this endpoint."""
+        remembered = self.memory.gate_failures(self.endpoint.name) if self.memory else {}
+        return {**remembered, **self.state.gate_failures}
 
     def _toolbox(self) -> ToolBox:
         era = self.state.era
@@ -401,7 +406,7 @@ class CampaignRunner:
         brief = self._brief(round_no)
         stats_ = {d: DirectionStat(**s) for d, s in self.state.direction_stats.items()}
         pool_entries = [p for p in self.state.diversity_pool if era.index not in p.get("tried_in_eras", [])]
-        inputs = RoundInputs(brief=brief, stats=stats_, tested=self._tested(), gate_failures=dict(self.state.gate_failures),
+        inputs = RoundInputs(brief=brief, stats=stats_, tested=self._tested(), gate_failures=self._gate_failures(),
                              last_promotion=self.state.last_promotion, diversity_pool=pool_entries)
         self.say(f"round {round_no} (era {era.index}): orchestrator opens {self.settings.directions_per_round} "
                  "direction(s)")
@@ -589,8 +594,8 @@ class CampaignRunner:
             finding = {"endpoint": self.endpoint.name, "campaign_id": st.campaign_id,
                        "experiment_id": rec["experiment_id"], "technique": technique(rec["intervention"]),
                        "bottleneck": bottleneck, "direction": rec["direction"], "outcome": outcome(rec["verdict"]),
-                       "verdict": rec["verdict"], "ratio": rec.get("ratio_median"), "ci": [rec.get("ci_low"),
-                                                                                           rec.get("ci_high")],
+                       "verdict": rec["verdict"], "ratio": rec.get("ratio_median"),
+                       "ci": [rec.get("ci_low"), rec.get("ci_high")],
                        "lossy": rec.get("lossy"), "model": self.endpoint.model, "model_family": cond.model_family,
                        "gpu": cond.gpu, "gpus": cond.gpus, "engine_version": cond.engine_version,
                        "traits": cond.traits, "reason": rec.get("reason", "")[:300]}
@@ -600,6 +605,7 @@ class CampaignRunner:
                     "baseline_hash": rec["baseline_hash"], "candidate_hash": rec["candidate_hash"],
                     "intervention": rec["intervention"], "candidate_config": rec["candidate_config"],
                     "verdict": rec["verdict"], "ratio": rec.get("ratio_median"),
+                    "gate_failed": st.gate_failures.get(rec["experiment_id"]),
                     "ci": [rec.get("ci_low"), rec.get("ci_high")], "reason": rec.get("reason", "")[:300],
                     "conditions_key": cond.key(), "conditions": cond.__dict__}, finding if rec.get("ran") else None)
             if rec.get("ran"):

@@ -119,3 +119,33 @@ def test_memory_stops_repeats_across_campaigns(finished):
     remembered = second._tested()  # what the proposers are told not to propose again, and why
     assert tested and tested <= set(remembered)
     assert all(first.state.campaign_id in remembered[h] for h in tested)
+
+
+def test_the_cli_shows_a_campaign_and_records_an_approval(finished, capsys):
+    from autoresearch_dagster.cli import main
+
+    tmp, r, report = finished
+    assert main(["campaign", "status", "--out", str(tmp / "campaign")]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["status"] == "ended" and shown["experiments"] == len(report["experiments"])
+    review = tmp / "campaign" / "review"
+    assert main(["campaign", "approve", "--review", str(review), "--who", "sre-on-call", "--decision",
+                 "request_changes", "--note", "run it on the canary first", "--lake", str(tmp / "lake")]) == 0
+    assert approvals(review)[-1]["decision"] == "request_changes"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["campaign", "status", "--out", "{tmp}/nowhere"], "holds no campaign"),
+    (["campaign", "approve", "--review", "{tmp}", "--who", "x", "--decision", "approve"], "not a review package"),
+    (["campaign", "approve", "--review", "{tmp}/missing", "--who", "x", "--decision", "approve"], "not a directory"),
+    (["campaign", "run", "--endpoint", "examples/endpoints/demo.yaml", "--out", "{tmp}/o", "--proposer", "claude"],
+     "ANTHROPIC_API_KEY"),
+    (["campaign", "run", "--endpoint", "{tmp}/none.yaml", "--out", "{tmp}/o"], "does not exist"),
+])
+def test_campaign_user_errors_are_one_line_and_exit_2(argv, message, tmp_path, capsys, monkeypatch):
+    from autoresearch_dagster.cli import main
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

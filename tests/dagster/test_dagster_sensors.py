@@ -7,7 +7,7 @@ import dagster as dg
 from assets.config import PROMOTED_FROM_TAG
 from .conftest import write_spec
 from resources import EndpointRegistry
-from sensors import endpoint_discovery_sensor, new_logs_sensor, promotion_sensor
+from sensors import campaign_sensor, endpoint_discovery_sensor, new_logs_sensor, promotion_sensor
 
 
 def _registry(project):
@@ -32,11 +32,29 @@ def test_discovery_adds_partitions_and_requests_first_runs(project, instance):
     assert [r.partition_key for r in again.run_requests] == ["ep2"]
 
 
-def _decision(instance, partition, *, promote, candidate="cand", config=None, run_id=None):
+def _decision(instance, partition, *, promote, candidate="cand", config=None, run_id=None, next_="continue"):
     instance.report_runless_asset_event(dg.AssetMaterialization(
         asset_key="promotion_decision", partition=partition,
-        metadata={"promote": promote, "candidate_id": candidate,
+        metadata={"promote": promote, "candidate_id": candidate, "next": next_,
                   "server_config_json": json.dumps(config or {"schedule_policy": "lpm"})}))
+
+
+def test_campaign_sensor_requests_the_next_round_or_the_report_never_a_promotion(instance):
+    instance.add_dynamic_partitions("endpoints", ["e1", "e2", "e3"])
+    first = campaign_sensor(dg.build_sensor_context(instance=instance))
+    _decision(instance, "e1", promote=False)  # another round on the same baseline
+    _decision(instance, "e2", promote=True)  # the promotion sensor's edge, not this one
+    _decision(instance, "e3", promote=False, next_="end")
+    result = campaign_sensor(dg.build_sensor_context(instance=instance, cursor=first.cursor))
+    by_part = {r.partition_key: r for r in result.run_requests}
+    assert set(by_part) == {"e1", "e3"}
+    assert {k.to_user_string() for k in by_part["e1"].asset_selection} == {"proposals", "experiment_results",
+                                                                             "promotion_decision"}
+    assert [k.to_user_string() for k in by_part["e3"].asset_selection] == ["campaign_report"]
+    again = campaign_sensor(dg.build_sensor_context(instance=instance, cursor=result.cursor))
+    assert again.run_requests == []
+    replay = campaign_sensor(dg.build_sensor_context(instance=instance, cursor=first.cursor))
+    assert sorted(r.run_key for r in replay.run_requests) == sorted(r.run_key for r in result.run_requests)
 
 
 def test_promotion_sensor_sees_every_endpoint_promoted_between_ticks(instance):

@@ -1,0 +1,68 @@
+"""The shared-control procedure campaigns run: earlier baseline runs, anchors, drift, Bonferroni, futility."""
+from __future__ import annotations
+
+import pytest
+
+from autoresearch_dagster.experiments import stats
+from autoresearch_dagster.experiments.experiment import SharedControl, run_experiment
+from autoresearch_dagster.experiments.noise import measure_noise
+from autoresearch_dagster.spec import Budget, EndpointSpec
+
+from .helpers import FakeEngine
+from .test_experiment import BASE, cap_of, settings
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    from .helpers import make_pool
+
+    return make_pool(tmp_path_factory.mktemp("pool"))
+
+
+@pytest.fixture
+def endpoint():
+    return EndpointSpec(name="demo", model="m", hardware={"gpu": "H200", "count": 1},
+                        sla="ttft_p99<=1000ms,errors<=1%", server_config={})
+
+
+def _noise(endpoint, pool, engine):
+    return measure_noise(endpoint, {}, pool, engine=engine, runs=5, settings=settings())
+
+
+def test_the_baseline_arm_starts_from_the_noise_floor_and_adds_one_anchor_per_candidate_run(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.3}), noise_cv=0.01)
+    noise = _noise(endpoint, pool, eng)
+    res = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), noise_cv=noise.capacity_cv,
+                         control=SharedControl(noise.runs), comparisons=3)
+    assert res.verdict == "better" and not res.confirmed
+    fresh = [r for r in res.runs if r.arm == "baseline"]
+    assert len(fresh) == 5 and len([r for r in res.runs if r.arm == "candidate"]) == 5
+    assert res.runs_baseline == 10  # 5 shared + 5 anchors
+    assert res.stats.confidence == pytest.approx(1 - 0.10 / 3)  # Bonferroni for 3 candidates
+    assert res.gpu_seconds == pytest.approx(sum(r.gpu_seconds for r in res.runs)) and res.gpu_seconds > 0
+    assert res.to_dict()["shared_control_run_ids"] == [r.run_id for r in noise.runs if r.valid]
+
+
+def test_a_drifted_baseline_drops_the_earlier_runs(endpoint, pool):
+    eng = FakeEngine(cap_of({}), noise_cv=0.005)
+    noise = _noise(endpoint, pool, eng)
+    eng.capacity_of = lambda c: BASE * 0.8  # the endpoint slowed down since its noise floor
+    res = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), noise_cv=noise.capacity_cv,
+                         control=SharedControl(noise.runs), budget=Budget(initial_runs_per_arm=3,
+                                                                          max_runs_per_arm=3))
+    assert "drifted" in res.control_note and res.shared_runs == []
+    assert res.verdict == "same"  # judged on fresh interleaved arms only: no false "worse"
+
+
+def test_futility_stops_a_candidate_that_cannot_be_better(endpoint, pool):
+    eng = FakeEngine(cap_of({}), noise_cv=0.01)
+    noise = _noise(endpoint, pool, eng)
+    kw = dict(engine=eng, noise_cv=noise.capacity_cv, control=SharedControl(noise.runs))
+    fut = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool,
+                         settings=settings(confirm=False, stop_when_not_better=True), **kw)
+    full = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, settings=settings(confirm=False), **kw)
+    assert fut.verdict == "same" and "futility" in fut.reason
+    assert len(fut.runs) < len(full.runs)
+    assert stats.futility_bound(fut.stats) < 1 + fut.stats.margin
