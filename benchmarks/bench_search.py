@@ -9,10 +9,11 @@ capacity on the endpoint's own engine with the run-to-run noise off (same seeds,
 the methods only ever see noisy runs through the shared harness.
 
 Reference optimum, per endpoint: a one-at-a-time screen of every knob value of the full search space on
-the true engine picks the knobs that matter (the six with the largest effect); an exhaustive grid over
-them (several hundred points: each knob's screened values, trimmed to the default and its best values when
-the product is too large) gives the best config that passes the correctness gate; any config a method
-promoted that is better still becomes the optimum (so a method is never scored against less than it found).
+the true engine, around the endpoint's production config, picks the knobs that matter (the six with the
+largest effect); an exhaustive grid over them (up to 300 points: each knob's production value and its best
+screened values, trimmed to fewer values, then to fewer knobs, when the product is larger) gives the best
+config that passes the correctness gate; any config a method promoted that is better still becomes the
+optimum (so a method is never scored against less than it found).
 
 Same verdict machinery for all: every experiment goes through ``experiments.run_experiment`` against the
 working baseline's shared control (its noise floor), futility stop, no confirmation inside the experiment
@@ -22,6 +23,9 @@ that cannot run at all, e.g. more GPUs than the endpoint has, are resampled for 
 TPESampler over the same space and is told each candidate's measured capacity. A method's count is the
 number of experiments run when the promotion that first reached 95% of the optimum happened (for the
 campaign: at the end of that round); a method that never reaches it within its budget counts as budget + 1.
+A run stops at the promotion that first reaches 95% of the grid's optimum (its count is fixed then; the
+rest would cost time only); should a method's find raise the optimum above the grid's, a run stopped
+short of the new threshold counts as not reaching it (``--no-stop`` runs every method to its budget).
 
 Targets (issue 11): the offline proposer's median over the suite <= 12 experiments and at most half of TPE's.
 """
@@ -66,12 +70,17 @@ PROFILE = measurement_profile("standard").with_overrides(step_duration_s=40.0, m
                                                          max_steps=16, noise_runs=5, initial_runs_per_arm=5,
                                                          max_runs_per_arm=10)
 TOP_KNOBS = 6
-MAX_GRID = 480
+MAX_GRID = 300
 _W: dict = {}
 
 
 def _bench(name: str) -> Bench:
     return next(b for b in SUITE if b.name == name)
+
+
+def _base(name: str) -> dict:
+    """The endpoint's production config (its search space and reference grid are built around it)."""
+    return dict(_bench(name).endpoint().server_config)
 
 
 def _pool(name: str):
@@ -109,15 +118,24 @@ def _harness(seed: int) -> HarnessSettings:
     return HarnessSettings(capacity=PROFILE.capacity, seed=seed, confirm=False, stop_when_not_better=True)
 
 
-def search_loop(name: str, method: str, seed: int, budget: int) -> dict:
+def _reached(name: str, config: dict, target: float | None) -> bool:
+    """Whether a promoted config's true capacity reaches the target (the run's count is then fixed)."""
+    if not target:
+        return False
+    cap = truth((name, config))[2]
+    return cap is not None and cap >= target
+
+
+def search_loop(name: str, method: str, seed: int, budget: int, target: float | None = None) -> dict:
     """Random search or TPE through the shared harness: each candidate is an experiment against the working
-    baseline; a better one is promoted and its noise floor measured."""
+    baseline; a better one is promoted and its noise floor measured. Stops once a promotion reaches
+    ``target`` (its count is fixed then)."""
     ep, pool = _bench(name).endpoint(), _pool(name)
     engine = EmulatorEngine(ep)
     space = SearchSpace.full(ep.gpus)
     rng = random.Random(f"{method}-{seed}")
-    tpe = TPE(space, {}, seed=seed, n_startup_trials=10) if method == "tpe" else None
     base, gpu_s, n = dict(ep.server_config), 0.0, 0
+    tpe = TPE(space, base, seed=seed, n_startup_trials=10) if method == "tpe" else None
     noise = measure_noise(ep, base, pool, engine=engine, runs=PROFILE.noise_runs, settings=_harness(seed))
     gpu_s += sum(r.gpu_seconds for r in noise.runs)
     control, cv, cap = [r for r in noise.runs if r.valid], noise.capacity_cv, noise.floor.median
@@ -131,7 +149,7 @@ def search_loop(name: str, method: str, seed: int, budget: int) -> dict:
                 break
             asked, cfg = pair[0]
         else:
-            cfg = space.sample(rng, {})
+            cfg = space.sample(rng, dict(ep.server_config))
         h = config_hash(cfg)
         if static_problem(cfg, ep.gpus) or h == config_hash(base) or (tpe is None and h in tried):
             if asked is not None:
@@ -154,18 +172,34 @@ def search_loop(name: str, method: str, seed: int, budget: int) -> dict:
             gpu_s += sum(r.gpu_seconds for r in noise.runs)
             control, cv, cap = [r for r in noise.runs if r.valid], noise.capacity_cv, noise.floor.median
             trajectory.append({"experiments": n, "gpu_h": gpu_s / 3600, "config": base})
+            if _reached(name, base, target):
+                break
     return {"bench": name, "method": method, "seed": seed, "experiments": n, "gpu_h": gpu_s / 3600,
             "trajectory": trajectory}
 
 
-def campaign(name: str, seed: int, budget: int) -> dict:
+class _StoppingCampaign(CampaignRunner):
+    """A campaign that ends once a promoted baseline (its noise floor measured, as every promotion's is)
+    truly reaches the target: the benchmark's count is fixed then, the rest would cost time only."""
+
+    target: float | None = None
+
+    def measure(self):
+        era = super().measure()
+        if era.index > 0 and _reached(self.endpoint.name, era.config, self.target):
+            self._end("reached 95% of the reference optimum (benchmark stop)")
+        return era
+
+
+def campaign(name: str, seed: int, budget: int, target: float | None = None) -> dict:
     """The offline proposer: a campaign (rounds of three experiments, promotions, re-measured baselines)."""
     ep, pool = _bench(name).endpoint(), _pool(name)
     with tempfile.TemporaryDirectory() as tmp:
-        runner = CampaignRunner(ep, pool, engine=EmulatorEngine(ep), out_dir=Path(tmp) / "c", measurement=PROFILE,
+        runner = _StoppingCampaign(ep, pool, engine=EmulatorEngine(ep), out_dir=Path(tmp) / "c", measurement=PROFILE,
                                 memory=Memory(Path(tmp) / "memory"),
                                 settings=CampaignSettings(seed=seed, diagnosis_probes=False,
                                                           budget=CampaignBudget(max_experiments=budget)))
+        runner.target = target
         runner.run()
         st = runner.state
     done, gpu_s, trajectory = 0, 0.0, [{"experiments": 0, "gpu_h": 0.0, "config": st.original.config}]
@@ -187,10 +221,11 @@ def campaign(name: str, seed: int, budget: int) -> dict:
             "gpu_h": st.spent["gpu_seconds"] / 3600, "trajectory": trajectory, "ended_because": st.ended_because}
 
 
-def method_job(task: tuple[str, str, int, int]) -> dict:
-    name, method, seed, budget = task
+def method_job(task: tuple[str, str, int, int, float | None]) -> dict:
+    name, method, seed, budget, target = task
     t0 = time.monotonic()
-    out = campaign(name, seed, budget) if method == "offline" else search_loop(name, method, seed, budget)
+    out = (campaign(name, seed, budget, target) if method == "offline"
+           else search_loop(name, method, seed, budget, target))
     out["wall_s"] = time.monotonic() - t0
     return out
 
@@ -201,23 +236,29 @@ def _init(pools: dict[str, str]) -> None:
 
 def reference_configs(name: str, screen: dict[str, float | None], default_cap: float) -> list[dict]:
     """The grid over the knobs that matter on the true engine (from the one-at-a-time screen)."""
-    ep = _bench(name).endpoint()
-    space = SearchSpace.full(ep.gpus)
+    ep, base = _bench(name).endpoint(), _base(name)
+    space = SearchSpace.full(ep.gpus, base)
     effect: dict[str, list[tuple[float, object]]] = {}
     for knob, vals in space.choices.items():
         for v in vals:
-            cap = screen.get(config_hash(space.config({knob: v}, {})))
+            cap = screen.get(config_hash(space.config({knob: v}, base)))
             if cap is not None:
                 effect.setdefault(knob, []).append((cap, v))
     ranked = sorted(effect, key=lambda k: -max(abs(c - default_cap) for c, _ in effect[k]))[:TOP_KNOBS]
     values = {k: [v for _, v in sorted(effect[k], key=lambda cv: -cv[0])] for k in ranked}
     keep = 4
-    while math.prod(len(v[:keep]) for v in values.values()) > MAX_GRID and keep > 2:
+
+    def size() -> int:
+        return math.prod(len(set(map(repr, [base.get(k)] + v[:keep]))) for k, v in values.items())
+
+    while size() > MAX_GRID and keep > 2:
         keep -= 1
-    grid = {k: list(dict.fromkeys([None] + v[:keep])) for k, v in values.items()}  # None: the server's default
+    while size() > MAX_GRID and len(values) > 2:
+        values.pop(list(values)[-1])  # the knob with the smallest effect
+    grid = {k: list(dict.fromkeys([base.get(k)] + v[:keep])) for k, v in values.items()}  # the production value too
     out = []
     for combo in itertools.product(*grid.values()):
-        cfg = space.config(dict(zip(grid, combo)), {})
+        cfg = space.config(dict(zip(grid, combo)), base)
         if not static_problem(cfg, ep.gpus):
             out.append(cfg)
     return out
@@ -237,6 +278,8 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=24, help="experiments per method run (default 24)")
     ap.add_argument("--offline-budget", type=int, default=16, help="experiments of the offline campaign")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--truth-only", action="store_true", help="stop after the reference grids (fills the cache)")
+    ap.add_argument("--no-stop", action="store_true", help="run every method to its budget (no stop at the target)")
     ap.add_argument("--methods", default="offline,random,tpe", help="comma-separated subset of the methods")
     ap.add_argument("--cache", default=str(ROOT / "out" / "bench_search_truth.json"),
                     help="JSON cache of true capacities (reused while the suite and protocol are unchanged)")
@@ -268,17 +311,39 @@ def main() -> int:
             print("phase 1: one-at-a-time screen on the true engines", flush=True)
             screens = {}
             for b in benches:
-                space = SearchSpace.full(b.endpoint().gpus)
-                screens[b.name] = [space.config({k: v}, {}) for k, vals in space.choices.items() for v in vals] + [{}]
+                base = _base(b.name)
+                space = SearchSpace.full(b.endpoint().gpus, base)
+                screens[b.name] = [space.config({k: v}, base) for k, vals in space.choices.items() for v in vals] + [base]
             truths([(b.name, c) for b in benches for c in screens[b.name]])
             grids = {b.name: reference_configs(b.name, {config_hash(c): cap_of(b.name, c) for c in screens[b.name]},
-                                               cap_of(b.name, {}) or 0.0) for b in benches}
+                                               cap_of(b.name, _base(b.name)) or 0.0) for b in benches}
             print(f"  {time.monotonic() - t0:.0f} s; phase 2: exhaustive grids "
                   f"({', '.join(f'{n}: {len(g)}' for n, g in grids.items())} points)", flush=True)
             truths([(n, c) for n, g in grids.items() for c in g])
+            gate_cache: dict[str, bool] = {}
+
+            def passes(name: str, cfg: dict) -> bool:
+                base = _base(name)
+                if not is_lossy(cfg, base):
+                    return True
+                key = gate_key(base, cfg)
+                if key not in gate_cache:
+                    gate_cache[key] = bool(_gate(_bench(name).endpoint(), base, cfg, None).get("passed"))
+                return gate_cache[key]
+
+            # a run stops once a promotion reaches 95% of the grid's optimum (its count is fixed then); the
+            # optimum may still rise with a better config a method found, and a run stopped short of the final
+            # threshold then counts as not reaching it
+            targets = {b.name: 0.95 * max((cap_of(b.name, c) or 0.0) for c in grids[b.name] if passes(b.name, c))
+                       for b in benches}
             t1 = time.monotonic()
+            if args.truth_only:
+                print(f"  {t1 - t0:.0f} s; grid optima: "
+                      + ", ".join(f"{n}: {v / 0.95:.2f}" for n, v in targets.items()), flush=True)
+                return 0
             print(f"  {t1 - t0:.0f} s; phase 3: the methods", flush=True)
-            jobs = [(b.name, m, s, args.offline_budget if m == "offline" else args.budget)
+            jobs = [(b.name, m, s, args.offline_budget if m == "offline" else args.budget,
+                     None if args.no_stop else targets[b.name])
                     for b in benches for m in methods for s in range(args.seeds)]
             runs = []
             for r in p.imap_unordered(method_job, jobs):
@@ -287,15 +352,6 @@ def main() -> int:
                       f"{r['gpu_h']:.1f} GPU-h, {len(r['trajectory']) - 1} promotion(s), {r['wall_s']:.0f} s"
                       + (f" ({r['ended_because']})" if r.get("ended_because") else ""), flush=True)
             truths([(r["bench"], t["config"]) for r in runs for t in r["trajectory"]])
-            gate_cache: dict[str, bool] = {}
-
-            def passes(name: str, cfg: dict) -> bool:
-                if not is_lossy(cfg, {}):
-                    return True
-                key = gate_key({}, cfg)
-                if key not in gate_cache:
-                    gate_cache[key] = bool(_gate(_bench(name).endpoint(), {}, cfg, None).get("passed"))
-                return gate_cache[key]
 
             table, summary = [], {m: [] for m in methods}
             gpu_summary = {m: [] for m in methods}
@@ -304,7 +360,7 @@ def main() -> int:
                 scored = [(cap_of(b.name, c) or 0.0, c) for c in cands if passes(b.name, c)]
                 opt_cap, opt_cfg = max(scored, key=lambda x: x[0])
                 caps = {config_hash(c): (cap or 0.0) for cap, c in scored}
-                row = {"bench": b.name, "default": cap_of(b.name, {}), "optimum": opt_cap, "optimum_config": opt_cfg}
+                row = {"bench": b.name, "default": cap_of(b.name, _base(b.name)), "optimum": opt_cap, "optimum_config": opt_cfg}
                 for m in methods:
                     mine = [r for r in runs if r["bench"] == b.name and r["method"] == m]
                     got = [reached(r["trajectory"], caps, opt_cap, r["experiments"] if m == "offline" else args.budget)

@@ -11,7 +11,13 @@ linked from every proposal. The orchestrator then adds what no single session se
   earlier choice still pay?);
 - follow-ups: good-but-different configs of the diversity pool, re-applied on the new baseline;
 - combinations: the best candidates of two directions with disjoint knobs, combined (their singles
-  in the same round are the controls that say which change carries the gain).
+  in the same round are the controls that say which change carries the gain);
+- the joint candidate: forward selection over every idea the sessions scored (their proposals and
+  search trials, across directions): start from the best, add the next idea whose knobs are disjoint
+  while the predictor says the gain grows by more than a quarter of the verdict margin, up to the
+  guardrails' ``max_changes``. It is how one round reaches a region no single direction's search
+  covers (each session searches its own knobs only); the singles beside it say which change carries
+  the gain.
 Every proposal passes ``agents.guardrails``; a lossy value that already failed the correctness gate
 and a config already tested under the same conditions are refused with the reason. The round runs
 the best candidate of each direction first, then the rest by predicted gain, up to the round's
@@ -139,13 +145,14 @@ class RoundInputs:
 
 def _made(kind: str, pid: str, brief: ResearchBrief, base: dict[str, Any], config: dict[str, Any], pred: dict[str, Any],
           predictor: Predictor, *, direction: str, explanation: str, falsification: str, parents: list[str],
-          evidence: list[str], justification: str = "") -> Proposal:
+          evidence: list[str], justification: str = "", source: str | None = None) -> Proposal:
     delta = diff(base, config)
     return Proposal(id=pid, endpoint=brief.endpoint, campaign_id=brief.campaign_id, round=brief.round,
-                    proposer="orchestrator", source=kind, direction=direction,
+                    proposer="orchestrator", source=source or kind, direction=direction,
                     kind="control" if kind == "control" else ("combination" if kind == "combination" else "follow_up"),
                     question=f"{kind}: {explanation[:160]}", explanation=explanation, evidence=evidence,
-                    intervention=Intervention(changes=[KnobChange(knob=k, value=v) for k, v in delta.items()]),
+                    intervention=Intervention(changes=[KnobChange(knob=k, value=v) for k, v in delta.items()],
+                                              justification=justification),
                     prediction=predictor.prediction(pred), falsification=falsification, parent_ids=parents)
 
 
@@ -202,7 +209,8 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
 
     extra: list[Proposal] = []
     if predictor is not None:
-        extra = _orchestrator_proposals(inputs, accepted, predictor, base, resolved, margin, guardrails.max_changes)
+        extra = _orchestrator_proposals(inputs, accepted, predictor, base, resolved, margin, guardrails.max_changes,
+                                        sessions=sessions)
         for p in extra:
             admit(p)
 
@@ -240,9 +248,56 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
                      rejected=rejected, sessions=session_rows, note=note)
 
 
+def _ideas(sessions: list[Session], accepted: list[Proposal], base: dict[str, Any],
+           floor: float) -> list[tuple[float, dict[str, Any], str, str]]:
+    """Every knob change the sessions scored at ``floor`` or better, best first, one per distinct change:
+    (predicted ratio, delta, where it came from, direction)."""
+    out: dict[str, tuple[float, dict[str, Any], str, str]] = {}
+    for p in accepted:
+        if p.kind == "experiment" and not p.is_patch and p.prediction.capacity_ratio >= floor:
+            out[config_hash(p.intervention.delta())] = (p.prediction.capacity_ratio, p.intervention.delta(), p.id,
+                                                        p.direction)
+    for s in sessions:
+        for t in (s.trace or {}).get("trials") or []:
+            if t.get("value") is None or t["value"] < floor or t.get("source") == "history":
+                continue
+            delta = diff(base, t.get("config") or {})
+            key = config_hash(delta)
+            if delta and (key not in out or out[key][0] < t["value"]):
+                out[key] = (float(t["value"]), delta, out.get(key, (0, 0, f"trace:{s.direction}:{key[:6]}"))[2],
+                            s.direction)
+    return sorted(out.values(), key=lambda x: -x[0])
+
+
+def joint_candidate(ideas: list[tuple[float, dict[str, Any], str, str]], predictor: Predictor, base: dict[str, Any],
+                    resolved: dict[str, Any], margin: float, max_changes: int, gpus: int, *,
+                    gate_failures: list[list[str]] = (), max_ideas: int = 8
+                    ) -> tuple[dict[str, Any], dict[str, Any], list[str], list[str]] | None:
+    """Forward selection over the ideas (see the module docstring): (config, prediction, parents, directions)
+    of the best combination of two or more, or None."""
+    if len(ideas) < 2:
+        return None
+    value, delta, src, direction = ideas[0]
+    current, parents, dirs, pred = dict(delta), [src], [direction], None
+    for v, d, s, dr in ideas[1:max_ideas]:
+        if set(d) & set(current) or len(set(d) | set(current)) > max_changes:
+            continue
+        cfg = normalize({**base, **current, **d}, base, resolved)
+        if static_problem(cfg, gpus) or fails_gate(cfg, base, list(gate_failures)):
+            continue  # two ideas may each pass alone and together repeat lossy settings that failed the gate
+        p = predictor.predict(base, [cfg])[0]
+        if p.get("feasible") and p["ratio"] > value * (1 + margin / 4):
+            current, value, pred = {**current, **d}, p["ratio"], p
+            parents.append(s)
+            dirs.append(dr)
+    if pred is None:
+        return None
+    return normalize({**base, **current}, base, resolved), pred, parents, dirs
+
+
 def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predictor: Predictor,
                             base: dict[str, Any], resolved: dict[str, Any], margin: float,
-                            max_changes: int) -> list[Proposal]:
+                            max_changes: int, *, sessions: list[Session] = ()) -> list[Proposal]:
     brief = inputs.brief
     todo: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []  # (kind, id, config, meta)
     promo = inputs.last_promotion
@@ -270,14 +325,37 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
             cfg = normalize({**base, **{k: v for d in deltas for k, v in d.items()}}, base, resolved)
             if not static_problem(cfg, brief.gpus):
                 todo.append(("combination", f"r{brief.round}-combo-{config_hash(cfg)[:6]}", cfg,
-                             {"parents": [p.id for p in group], "directions": [p.direction for p in group]}))
-    if not todo:
-        return []
-    preds = predictor.predict(base, [c for _, _, c, _ in todo])
+                             {"parents": [p.id for p in group], "directions": [p.direction for p in group],
+                              "best_single": max(p.prediction.capacity_ratio for p in group)}))
+    preds = predictor.predict(base, [c for _, _, c, _ in todo]) if todo else []
+    # the diversity pool's changes, measured good before, are ideas too: a joint candidate can add them up
+    follow_ideas = [(pred["ratio"], diff(base, cfg), pid, meta.get("direction") or "control")
+                    for (kind, pid, cfg, meta), pred in zip(todo, preds)
+                    if kind == "follow_up" and pred.get("feasible") and pred["ratio"] >= 1 + margin / 2]
+    ideas = sorted(_ideas(list(sessions), accepted, base, 1 + margin / 2) + follow_ideas, key=lambda x: -x[0])
+    joint = joint_candidate(ideas, predictor, base, resolved, margin, max_changes, brief.gpus,
+                            gate_failures=list(inputs.gate_failures.values()))
     out = []
+    if joint is not None and all(config_hash(c) != config_hash(joint[0]) for _, _, c, _ in todo):
+        cfg, pred, parents, dirs = joint
+        delta = diff(base, cfg)
+        out.append(_made("combination", f"r{brief.round}-joint-{config_hash(cfg)[:6]}", brief, base, cfg, pred,
+                         predictor, direction=dirs[0], parents=parents,
+                         explanation=(f"joint candidate: forward selection over every change the sessions scored "
+                                      f"adds {', '.join(delta)} together (from {', '.join(parents)}; directions "
+                                      f"{', '.join(dict.fromkeys(dirs))}), each addition raising the predicted "
+                                      "ratio by more than a quarter of the verdict margin"),
+                         falsification=("refuted if it is not better, or not better than its best single in this "
+                                        "round: the changes do not add up on the real engine"),
+                         evidence=[f"best single idea ({ideas[0][2]}) predicted {ideas[0][0]:.3f}x; the joint "
+                                   f"change {pred['ratio']:.3f}x"], source="joint",
+                         justification=(f"the surrogate predicts {pred['raw_ratio']:.3f}x for the joint change; its "
+                                        "steps come from the sessions' searches within the justified step")))
     for (kind, pid, cfg, meta), pred in zip(todo, preds):
         if not pred.get("feasible"):
             continue
+        if kind == "combination" and pred["ratio"] <= meta["best_single"] * (1 + margin / 4):
+            continue  # the model sees no added gain: its best single says as much for one experiment less
         delta = diff(base, cfg)
         if kind == "control":
             out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction="control", parents=meta["parents"],
@@ -297,7 +375,9 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
                                           "re-applied on the new baseline to see whether its gain adds up"),
                              falsification="refuted if the candidate is not better: the earlier gain does not add to "
                                            "the promoted change (they compete for the same resource)",
-                             evidence=[f"earlier verdict {meta.get('verdict')} at ratio {meta.get('ratio', 0):.3f}"]))
+                             evidence=[f"earlier verdict {meta.get('verdict')} at ratio {meta.get('ratio', 0):.3f}"],
+                             justification=(f"this change measured {meta.get('ratio', 0):.3f}x in experiment "
+                                            f"{meta.get('id', '?')}: its steps are backed by a verdict")))
         else:
             parts = " and ".join(f"{p} ({d})" for p, d in zip(meta["parents"], meta["directions"]))
             out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction=meta["directions"][0],
@@ -307,7 +387,9 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
                                           "are its controls"),
                              falsification="refuted if the combination is not better than the best single: the "
                                            "changes relieve the same bottleneck",
-                             evidence=[f"singles predicted {', '.join(p for p in meta['parents'])}"]))
+                             evidence=[f"singles predicted {', '.join(p for p in meta['parents'])}"],
+                             justification=(f"the surrogate predicts {pred['raw_ratio']:.3f}x for the combination; "
+                                            "each step was justified by its parent's own search")))
     return out
 
 

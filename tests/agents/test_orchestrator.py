@@ -85,3 +85,92 @@ def test_tested_configs_and_failed_gate_settings_are_refused_with_the_reason(tmp
     reasons = {r["proposal_id"]: " ".join(r["reasons"]) for r in plan.rejected}
     assert "already tested: same in e-0" in reasons["t"] and "failed the correctness gate in e-9" in reasons["q"]
     assert plan.proposals == []
+
+
+class ProductPredictor:
+    """A stand-in model: each knob change multiplies capacity by its own factor (one knob hurts in company)."""
+
+    def __init__(self, factors, clash=()):
+        self.factors, self.clash, self.calls = factors, set(clash), 0
+
+    def predict(self, base, configs, **_):
+        self.calls += 1
+        out = []
+        for cfg in configs:
+            r = 1.0
+            for k in cfg:
+                r *= self.factors.get(k, 1.0)
+            if self.clash <= set(cfg) and self.clash:
+                r *= 0.8
+            out.append({"feasible": True, "ratio": r, "raw_ratio": r, "low": r * 0.9, "high": r * 1.1, "basis": "x",
+                        "base_capacity": 1.0, "capacity": r, "latency_metric": "tpot", "latency_change": None})
+        return out
+
+    def prediction(self, pred, confidence=0.8):
+        from autoresearch_dagster.agents.proposal import Prediction
+        return Prediction(capacity_ratio=pred["ratio"], ratio_low=pred["low"], ratio_high=pred["high"], basis="a product model")
+
+
+def test_the_joint_candidate_adds_disjoint_ideas_while_the_model_says_they_add_up():
+    from autoresearch_dagster.agents.orchestrator import joint_candidate
+
+    ideas = [(1.30, {"enable_mixed_chunk": True}, "a", "scheduling_cache"),
+             (1.20, {"enable_mixed_chunk": True, "schedule_policy": "lpm"}, "b", "scheduling_cache"),  # overlaps a
+             (1.15, {"max_running_requests": 256}, "c", "parallel_admission"),
+             (1.10, {"page_size": 16}, "d", "scheduling_cache"),  # clashes with a in the model: not added
+             (1.08, {"cuda_graph_max_bs_decode": 256}, "e", "kernels_quant")]
+    model = ProductPredictor({"enable_mixed_chunk": 1.3, "schedule_policy": 0.92, "max_running_requests": 1.15,
+                              "page_size": 1.1, "cuda_graph_max_bs_decode": 1.08}, clash=("enable_mixed_chunk", "page_size"))
+    cfg, pred, parents, dirs = joint_candidate(ideas, model, {}, {"max_running_requests": 2048}, 0.04, 4, 1)
+    assert cfg == {"enable_mixed_chunk": True, "max_running_requests": 256, "cuda_graph_max_bs_decode": 256}
+    assert parents == ["a", "c", "e"] and dirs[0] == "scheduling_cache"
+    assert abs(pred["ratio"] - 1.3 * 1.15 * 1.08) < 1e-9
+    # at most max_changes knobs; one idea alone is no combination
+    cfg2, *_ = joint_candidate(ideas, model, {}, {}, 0.04, 2, 1)
+    assert len(cfg2) == 2
+    assert joint_candidate(ideas[:1], model, {}, {}, 0.04, 4, 1) is None
+    # an addition the model cannot tell from noise (gain below a quarter of the margin) is left out
+    flat = ProductPredictor({"enable_mixed_chunk": 1.3, "max_running_requests": 1.005})
+    assert joint_candidate(ideas[:3], flat, {}, {}, 0.04, 4, 1) is None
+
+
+def test_a_round_proposes_the_joint_candidate_first_when_it_beats_every_single(tmp_path):
+    fake = FakeProposer({
+        "scheduling_cache": [_prop("a", "scheduling_cache", {"enable_mixed_chunk": True}, 1.3)],
+        "parallel_admission": [_prop("c", "parallel_admission", {"max_running_requests": 1024}, 1.15)],
+        "kernels_quant": [_prop("e", "kernels_quant", {"cuda_graph_max_bs_decode": 256}, 1.08)]})
+    fake_traces = {"kernels_quant": {"trials": [{"config": {"cuda_graph_max_bs_decode": 512}, "value": 1.12,
+                                                 "source": "tpe"}]}}
+    orig = fake.propose
+
+    def propose(brief, tools):
+        s = orig(brief, tools)
+        s.trace.update(fake_traces.get(brief.direction, {}))
+        return s
+
+    fake.propose = propose
+    model = ProductPredictor({"enable_mixed_chunk": 1.3, "max_running_requests": 1.15, "cuda_graph_max_bs_decode": 1.1})
+    inputs = RoundInputs(brief=_brief(), stats={}, tested={}, gate_failures={})
+    plan = plan_round(inputs, [fake], guardrails=Guardrails(gpus=1), predictor=model, max_experiments=3,
+                      n_directions=3, trace_dir=tmp_path)
+    first = plan.proposals[0]
+    assert first.source == "joint" and first.kind == "combination"
+    # the search trial (cuda_graph_max_bs=512, scored 1.12) is an idea too, better than its session's proposal
+    assert first.candidate_config == {"enable_mixed_chunk": True, "max_running_requests": 1024,
+                                      "cuda_graph_max_bs_decode": 512}
+    assert "trace:kernels_quant" in " ".join(first.parent_ids)
+    assert [p.id for p in plan.proposals[1:]] == ["a", "c"]  # the singles: its controls
+
+
+def test_the_joint_candidate_does_not_reassemble_lossy_settings_that_failed_the_gate_together():
+    from autoresearch_dagster.agents.orchestrator import joint_candidate
+
+    ideas = [(1.5, {"quantization": "fp8"}, "q", "kernels_quant"),
+             (1.2, {"kv_cache_dtype": "fp8_e4m3"}, "kv", "kernels_quant"),
+             (1.1, {"enable_mixed_chunk": True}, "m", "scheduling_cache")]
+    model = ProductPredictor({"quantization": 1.5, "kv_cache_dtype": 1.2, "enable_mixed_chunk": 1.1})
+    cfg, *_ = joint_candidate(ideas, model, {}, {}, 0.04, 4, 1)
+    assert cfg == {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "enable_mixed_chunk": True}
+    cfg, *_ = joint_candidate(ideas, model, {}, {}, 0.04, 4, 1,
+                              gate_failures=[["kv_cache_dtype=fp8_e4m3", "quantization=fp8"]])
+    assert cfg == {"quantization": "fp8", "enable_mixed_chunk": True}
