@@ -26,6 +26,8 @@ campaign: at the end of that round); a method that never reaches it within its b
 A run stops at the promotion that first reaches 95% of the grid's optimum (its count is fixed then; the
 rest would cost time only); should a method's find raise the optimum above the grid's, a run stopped
 short of the new threshold counts as not reaching it (``--no-stop`` runs every method to its budget).
+Every finished run is appended to ``<out>.runs.jsonl``: an interrupted benchmark resumes where it stopped,
+and ``--score-only`` scores the endpoints whose runs all finished without running anything new.
 
 Targets (issue 11): the offline proposer's median over the suite <= 12 experiments and at most half of TPE's.
 """
@@ -226,7 +228,7 @@ def method_job(task: tuple[str, str, int, int, float | None]) -> dict:
     t0 = time.monotonic()
     out = (campaign(name, seed, budget, target) if method == "offline"
            else search_loop(name, method, seed, budget, target))
-    out["wall_s"] = time.monotonic() - t0
+    out.update(wall_s=time.monotonic() - t0, budget=budget, target=target)
     return out
 
 
@@ -273,19 +275,21 @@ def reached(traj: list[dict], caps: dict[str, float], optimum: float, budget: in
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--benches", help="comma-separated names from benchmarks/suite.py (default: all)")
+    ap.add_argument("--benches", help="comma-separated names from benchmarks/suite.py, run in this order (default: all)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per method and endpoint (default 2)")
     ap.add_argument("--budget", type=int, default=24, help="experiments per method run (default 24)")
     ap.add_argument("--offline-budget", type=int, default=16, help="experiments of the offline campaign")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--truth-only", action="store_true", help="stop after the reference grids (fills the cache)")
+    ap.add_argument("--score-only", action="store_true",
+                    help="run nothing new: score the finished runs kept beside --out (endpoints with every run done)")
     ap.add_argument("--no-stop", action="store_true", help="run every method to its budget (no stop at the target)")
     ap.add_argument("--methods", default="offline,random,tpe", help="comma-separated subset of the methods")
     ap.add_argument("--cache", default=str(ROOT / "out" / "bench_search_truth.json"),
                     help="JSON cache of true capacities (reused while the suite and protocol are unchanged)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_search.json"), help="every run's details")
     args = ap.parse_args()
-    benches = [b for b in SUITE if not args.benches or b.name in args.benches.split(",")]
+    benches = [_bench(n) for n in args.benches.split(",")] if args.benches else list(SUITE)  # in the order given
     methods = [m for m in ("offline", "random", "tpe") if m in args.methods.split(",")]
     t0 = time.monotonic()
     print(f"search efficiency on {len(benches)} endpoints, {args.seeds} seed(s) per method, budgets "
@@ -293,7 +297,7 @@ def main() -> int:
           flush=True)
     cache_path = Path(args.cache)
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
-    proto = config_hash({"profile": str(PROFILE.capacity), "suite": [str(b) for b in benches]})[:8]
+    proto = config_hash({"profile": str(PROFILE.capacity), "suite": [str(b) for b in SUITE]})[:8]  # any order, any subset
     with tempfile.TemporaryDirectory() as tmp:
         pools = {b.name: str(b.pool(Path(tmp))) for b in benches}
         ctx = mp.get_context("fork")
@@ -345,12 +349,31 @@ def main() -> int:
             jobs = [(b.name, m, s, args.offline_budget if m == "offline" else args.budget,
                      None if args.no_stop else targets[b.name])
                     for b in benches for m in methods for s in range(args.seeds)]
+            # finished runs are kept (one JSON line each), so an interrupted benchmark resumes where it stopped
+            runs_path = Path(args.out).with_suffix(".runs.jsonl")
+            key = lambda j: json.dumps([proto, *j], default=str)  # noqa: E731
             runs = []
-            for r in p.imap_unordered(method_job, jobs):
+            if runs_path.exists():
+                for line in runs_path.read_text().splitlines():
+                    row = json.loads(line)
+                    if row.get("job") in {key(j) for j in jobs}:
+                        runs.append(row)
+                print(f"  resumed {len(runs)} finished run(s) from {runs_path}", flush=True)
+            done = {r["job"] for r in runs}
+            runs_path.parent.mkdir(parents=True, exist_ok=True)
+            for r in p.imap_unordered(method_job, [] if args.score_only else [j for j in jobs if key(j) not in done]):
+                r["job"] = key((r["bench"], r["method"], r["seed"], r["budget"], r["target"]))
+                with runs_path.open("a") as f:
+                    f.write(json.dumps(r, default=str) + "\n")
                 runs.append(r)
                 print(f"  {r['bench']:24s} {r['method']:8s} seed {r['seed']}: {r['experiments']} experiments, "
                       f"{r['gpu_h']:.1f} GPU-h, {len(r['trajectory']) - 1} promotion(s), {r['wall_s']:.0f} s"
                       + (f" ({r['ended_because']})" if r.get("ended_because") else ""), flush=True)
+            complete = [b for b in benches if all(key(j) in {r["job"] for r in runs} for j in jobs if j[0] == b.name)]
+            if len(complete) < len(benches):
+                print(f"  scoring the {len(complete)} endpoint(s) whose runs all finished: "
+                      f"{', '.join(b.name for b in complete)}", flush=True)
+                benches = complete
             truths([(r["bench"], t["config"]) for r in runs for t in r["trajectory"]])
 
             table, summary = [], {m: [] for m in methods}

@@ -22,9 +22,11 @@ re-diagnosing. A failed correctness gate is a verdict (invalid: correctness) and
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -112,6 +114,12 @@ class CampaignRunner:
     def harness(self) -> HarnessSettings:
         return HarnessSettings(capacity=self.profile.capacity, seed=self.settings.seed, parallel_runs=self.workers,
                                confirm=self.settings.confirm == "fresh_runs", stop_when_not_better=True)
+
+    def experiment_harness(self, era: Era, proposal_id: str) -> HarnessSettings:
+        """The harness of one experiment: seeds of its own (stable across a resume), so the fresh baseline
+        anchors of the round's experiments are distinct runs, not the same seeds measured again."""
+        salt = int(hashlib.sha256(f"{era.config_hash}:{proposal_id}".encode()).hexdigest()[:7], 16)
+        return replace(self.harness(), seed=self.settings.seed * 1_000_003 + salt)
 
     def time_left(self) -> float | None:
         limit = self.settings.budget.max_wall_s
@@ -516,7 +524,7 @@ class CampaignRunner:
         key = gate_key(era.config, proposal.candidate_config)
         self.say(f"experiment {proposal.id}: {json.dumps(proposal.intervention.delta(), default=str)}")
         res = run_experiment(self.endpoint, era.config, proposal.candidate_config, self.pool, engine=self.engine,
-                             results=self.results, settings=self.harness(), budget=budget,
+                             results=self.results, settings=self.experiment_harness(era, proposal.id), budget=budget,
                              noise_cv=float(era.noise["cv"]), campaign=self.campaign,
                              experiment_id=base["experiment_id"], kind=proposal.kind, parent_id=proposal.id,
                              progress=lambda m: self.say("  " + m),

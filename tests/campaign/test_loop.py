@@ -47,6 +47,16 @@ def test_a_campaign_researches_on_its_own_and_ends_with_a_report_and_a_review_pa
     assert r.results.query("SELECT who, decision FROM approvals") == [("ops-lead", "approve")]
     st = CampaignState.load(tmp_path / "campaign" / "state.json")
     assert st.status == "ended" and st.phase == "end"
+    # each experiment's fresh baseline anchors are runs of their own (seeds differ between experiments), stable
+    # across a resume (derived from the era and the proposal)
+    anchor_seeds = [tuple(a["seed"] for a in json.loads(p.read_text())["anchors"])
+                    for p in sorted((tmp_path / "campaign" / "rounds").glob("*/experiments/*.json"))]
+    anchor_seeds = [a for a in anchor_seeds if a]
+    assert len(set(anchor_seeds)) == len(anchor_seeds)
+    assert len({x for a in anchor_seeds for x in a}) == sum(len(a) for a in anchor_seeds)
+    e = st.experiments[0]
+    assert r.experiment_harness(st.eras[e["era"]], e["proposal_id"]).seed == \
+        r.experiment_harness(st.eras[e["era"]], e["proposal_id"]).seed != r.harness().seed
 
 
 class Scripted:
