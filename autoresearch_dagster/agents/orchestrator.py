@@ -264,8 +264,8 @@ def _ideas(sessions: list[Session], accepted: list[Proposal], base: dict[str, An
             delta = diff(base, t.get("config") or {})
             key = config_hash(delta)
             if delta and (key not in out or out[key][0] < t["value"]):
-                out[key] = (float(t["value"]), delta, out.get(key, (0, 0, f"trace:{s.direction}:{key[:6]}"))[2],
-                            s.direction)
+                source = out[key][2] if key in out else f"trace:{s.direction}:{key[:6]}"  # a proposal keeps its id
+                out[key] = (float(t["value"]), delta, source, s.direction)
     return sorted(out.values(), key=lambda x: -x[0])
 
 

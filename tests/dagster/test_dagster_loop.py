@@ -4,6 +4,7 @@ Asserts what the assets recorded in the instance, the artifact store, the memory
 import json
 
 import dagster as dg
+import pytest
 
 from assets.approval import ApprovalConfig
 from jobs.instance import instance as project_instance
@@ -25,6 +26,7 @@ def _mats(instance, key):
         dg.AssetKey(key), limit=100, ascending=True).records]
 
 
+@pytest.mark.timeout(600)  # the whole main job (a campaign's rounds through Dagster): about 220 s on 2 idle cores
 def test_main_job_runs_a_campaign_of_the_systems_own_proposals_to_its_report(project, tmp_path):
     lines = []
     campaign = demo_campaign(budget_experiments=3, deadline_min=None, concurrent_gpus=1, experiments_per_round=2,
