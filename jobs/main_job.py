@@ -27,7 +27,7 @@ MAX_TICKS = 60  # a campaign ends by its own budget long before; this only stops
 
 
 DEMO_CAMPAIGN = {"budget_experiments": 9, "deadline_min": 6.5, "concurrent_gpus": 2, "experiments_per_round": 3,
-                 "directions_per_round": 3, "search_trials": 4}
+                 "directions_per_round": 3, "search_trials": 2}
 
 
 def demo_campaign(**overrides) -> CampaignResource:
