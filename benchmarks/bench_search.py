@@ -285,8 +285,9 @@ def main() -> int:
                     help="run nothing new: score the finished runs kept beside --out (endpoints with every run done)")
     ap.add_argument("--no-stop", action="store_true", help="run every method to its budget (no stop at the target)")
     ap.add_argument("--methods", default="offline,random,tpe", help="comma-separated subset of the methods")
-    ap.add_argument("--cache", default=str(ROOT / "out" / "bench_search_truth.json"),
-                    help="JSON cache of true capacities (reused while the suite and protocol are unchanged)")
+    ap.add_argument("--cache", default=str(ROOT / "benchmarks" / "bench_search_truth.json"),
+                    help="JSON cache of true capacities, kept in the repository (entries are keyed by the suite and "
+                         "protocol, so a change to either recomputes them)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_search.json"), help="every run's details")
     args = ap.parse_args()
     benches = [_bench(n) for n in args.benches.split(",")] if args.benches else list(SUITE)  # in the order given
