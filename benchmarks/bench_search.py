@@ -336,9 +336,7 @@ def main() -> int:
                     gate_cache[key] = bool(_gate(_bench(name).endpoint(), base, cfg, None).get("passed"))
                 return gate_cache[key]
 
-            # a run stops once a promotion reaches 95% of the grid's optimum (its count is fixed then); the
-            # optimum may still rise with a better config a method found, and a run stopped short of the final
-            # threshold then counts as not reaching it
+            # a run stops once a promotion reaches 95% of the grid's optimum (its count is fixed then)
             targets = {b.name: 0.95 * max((cap_of(b.name, c) or 0.0) for c in grids[b.name] if passes(b.name, c))
                        for b in benches}
             t1 = time.monotonic()
@@ -354,10 +352,11 @@ def main() -> int:
             runs_path = Path(args.out).with_suffix(".runs.jsonl")
             key = lambda j: json.dumps([proto, *j], default=str)  # noqa: E731
             runs = []
+            wanted = {key(j) for j in jobs}
             if runs_path.exists():
                 for line in runs_path.read_text().splitlines():
                     row = json.loads(line)
-                    if row.get("job") in {key(j) for j in jobs}:
+                    if row.get("job") in wanted:
                         runs.append(row)
                 print(f"  resumed {len(runs)} finished run(s) from {runs_path}", flush=True)
             done = {r["job"] for r in runs}
@@ -370,7 +369,8 @@ def main() -> int:
                 print(f"  {r['bench']:24s} {r['method']:8s} seed {r['seed']}: {r['experiments']} experiments, "
                       f"{r['gpu_h']:.1f} GPU-h, {len(r['trajectory']) - 1} promotion(s), {r['wall_s']:.0f} s"
                       + (f" ({r['ended_because']})" if r.get("ended_because") else ""), flush=True)
-            complete = [b for b in benches if all(key(j) in {r["job"] for r in runs} for j in jobs if j[0] == b.name)]
+            finished = {r["job"] for r in runs}
+            complete = [b for b in benches if all(key(j) in finished for j in jobs if j[0] == b.name)]
             if len(complete) < len(benches):
                 print(f"  scoring the {len(complete)} endpoint(s) whose runs all finished: "
                       f"{', '.join(b.name for b in complete)}", flush=True)
