@@ -26,6 +26,7 @@ number of experiments run when the promotion that first reached 95% of the optim
 campaign: at the end of that round); a method that never reaches it within its budget counts as budget + 1.
 By default a run stops at the promotion that first reaches 95% of the grid's optimum (its count is fixed
 then; the rest would cost time only), and the counts are against the grid's optimum.
+Each offline campaign's narration (its plans, verdicts, decisions) is written to ``<out>.logs/``.
 Every finished run is appended to ``<out>.runs.jsonl``: an interrupted benchmark resumes where it stopped,
 and ``--score-only`` scores the endpoints whose runs all finished without running anything new.
 
@@ -196,9 +197,19 @@ class _StoppingCampaign(CampaignRunner):
 def campaign(name: str, seed: int, budget: int, target: float | None = None) -> dict:
     """The offline proposer: a campaign (rounds of three experiments, promotions, re-measured baselines)."""
     ep, pool = _bench(name).endpoint(), _pool(name)
+    log = Path(_W["logs"]) / f"{name}-offline-s{seed}.log" if _W.get("logs") else None
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+
+    def say(msg: str) -> None:  # the campaign's own narration, kept to read why it chose what it chose
+        if log is not None:
+            with log.open("a") as f:
+                f.write(msg + "\n")
+
     with tempfile.TemporaryDirectory() as tmp:
         runner = _StoppingCampaign(ep, pool, engine=EmulatorEngine(ep), out_dir=Path(tmp) / "c", measurement=PROFILE,
-                                memory=Memory(Path(tmp) / "memory"),
+                                memory=Memory(Path(tmp) / "memory"), say=say,
                                 settings=CampaignSettings(seed=seed, diagnosis_probes=False,
                                                           budget=CampaignBudget(max_experiments=budget)))
         runner.target = target
@@ -232,8 +243,8 @@ def method_job(task: tuple[str, str, int, int, float | None]) -> dict:
     return out
 
 
-def _init(pools: dict[str, str]) -> None:
-    _W["pools"] = pools
+def _init(pools: dict[str, str], logs: str | None = None) -> None:
+    _W["pools"], _W["logs"] = pools, logs
 
 
 def reference_configs(name: str, screen: dict[str, float | None], default_cap: float) -> list[dict]:
@@ -302,7 +313,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         pools = {b.name: str(b.pool(Path(tmp))) for b in benches}
         ctx = mp.get_context("fork")
-        with ctx.Pool(args.workers, initializer=_init, initargs=(pools,)) as p:
+        logs = str(Path(args.out).with_suffix(".logs"))
+        with ctx.Pool(args.workers, initializer=_init, initargs=(pools, logs)) as p:
             def truths(tasks: list[tuple[str, dict]]) -> None:
                 todo = [t for t in tasks if f"{proto}:{t[0]}:{config_hash(t[1])}" not in cache]
                 for name, h, cap in p.imap_unordered(truth, todo, chunksize=2):

@@ -7,11 +7,14 @@ experiments gained nothing is set aside while others remain (switch direction wh
 giving "same"). Each session gets a ``ResearchBrief`` with one research question; sessions run in
 parallel threads and their transcripts / reasoning traces are written next to the round plan and
 linked from every proposal. The orchestrator then adds what no single session sees:
-- controls: after a promotion that changed several knobs, each knob reverted alone (does every
-  earlier choice still pay?);
-- follow-ups: good-but-different configs of the diversity pool, re-applied on the new baseline;
+- controls: after a promotion that changed knobs of several directions, each direction's knobs reverted
+  alone (does every earlier choice still pay?);
+- follow-ups: good-but-different configs of the diversity pool, re-applied on the new baseline (each
+  is offered until it runs or is refused);
 - combinations: the best candidates of two directions with disjoint knobs, combined (their singles
-  in the same round are the controls that say which change carries the gain);
+  in the same round are the controls that say which change carries the gain) where the model predicts
+  an added gain; else the pair of the two best directions only, and only in a slot that would otherwise
+  go to a variant of a chosen idea (a 2x2 design: additivity is what the surrogate knows least);
 - the joint candidate: forward selection over every idea the sessions scored (their proposals and
   search trials, across directions): start from the best, add the next idea whose knobs are disjoint
   while the predictor says the gain grows by more than a quarter of the verdict margin, up to the
@@ -21,8 +24,10 @@ linked from every proposal. The orchestrator then adds what no single session se
 Every proposal passes ``agents.guardrails``; a lossy value that already failed the correctness gate
 and a config already tested under the same conditions are refused with the reason. The round runs
 the best candidate of each direction first, then the rest by predicted gain, up to the round's
-budget; only evidence-supported candidates (predicted gain at least the noise floor's margin / 2,
-controls aside) are run, and a round with none left is how a campaign runs out of ideas.
+budget; only evidence-supported candidates are run: a predicted gain of at least the noise floor's
+margin / 2, or a follow-up whose change measured better (a measured gain is evidence the surrogate
+cannot overrule: its model is wrong in ways only experiments show), or a control. A round with none
+left is how a campaign runs out of ideas.
 """
 from __future__ import annotations
 
@@ -42,6 +47,8 @@ from autoresearch_dagster.outputs.files import json_safe, write_json
 from autoresearch_dagster.spec import KNOBS, config_hash
 
 EXPLORE_BONUS = 0.05
+FACTORIAL = "factorial"  # the pair of the two best directions the model sees no added gain in: a free slot's use
+MEASURED = "measured_follow_up"  # the source of a follow-up whose change measured better: evidence by itself
 
 
 @dataclass
@@ -197,8 +204,8 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
                 exp = next(e for e, f in inputs.gate_failures.items() if f == failed)
                 reasons.append(f"{', '.join(failed)} failed the correctness gate in {exp}")
         if reasons:
-            rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction,
-                             "intervention": p.intervention.delta(), "reasons": reasons})
+            rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction, "kind": p.kind,
+                             "parents": p.parent_ids, "intervention": p.intervention.delta(), "reasons": reasons})
             return
         seen.add(config_hash(res.candidate_config))
         accepted.append(p.model_copy(update={"candidate_config": res.candidate_config,
@@ -217,15 +224,17 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
     def predicted(p: Proposal) -> float:
         return p.prediction.capacity_ratio
 
-    supported = [p for p in accepted if p.kind == "control" or p.is_patch or predicted(p) >= 1 + margin / 2]
+    supported = [p for p in accepted if p.kind == "control" or p.is_patch or p.source == MEASURED
+                 or predicted(p) >= 1 + margin / 2]
     for p in accepted:
         if p not in supported:
-            rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction,
-                             "intervention": p.intervention.delta(),
+            rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction, "kind": p.kind,
+                             "parents": p.parent_ids, "intervention": p.intervention.delta(),
                              "reasons": [f"predicted gain {predicted(p) - 1:+.1%} is below half the verdict margin "
                                          f"({margin:.1%}): not evidence-supported"]})
     order: list[Proposal] = [p for p in supported if p.kind == "control"][:1]
-    combos = sorted((p for p in supported if p.kind == "combination"), key=lambda p: -predicted(p))
+    combos = sorted((p for p in supported if p.kind == "combination" and p.source != FACTORIAL),
+                    key=lambda p: -predicted(p))
     singles = [predicted(p) for p in supported if p.kind == "experiment"]
     if combos and (not singles or predicted(combos[0]) > max(singles)):
         order.append(combos[0])  # the best idea first; its singles below are its controls
@@ -240,7 +249,9 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
         return any(q.direction == p.direction and (mine <= set(q.intervention.delta()) or set(q.intervention.delta())
                                                    <= mine) for q in order)
 
-    rest = [p for p in rest if not redundant(p)] + [p for p in rest if redundant(p)]
+    last = [p for p in rest if p.source == FACTORIAL]
+    rest = [p for p in rest if not redundant(p) and p not in last] + last + [p for p in rest if redundant(p)
+                                                                              and p not in last]
     chosen = (order + rest)[:max_experiments]
     note = (f"{len(chosen)} experiment(s) from {len(candidates)} session proposal(s) and {len(extra)} of the "
             f"orchestrator; {len(rejected)} refused")
@@ -295,18 +306,29 @@ def joint_candidate(ideas: list[tuple[float, dict[str, Any], str, str]], predict
     return normalize({**base, **current}, base, resolved), pred, parents, dirs
 
 
+def control_groups(delta: dict[str, Any]) -> dict[str, list[str]]:
+    """The units a promoted change is ablated in: its knobs grouped by direction (a technique's parameters,
+    e.g. EAGLE's draft tokens, mean nothing reverted without the rest of it). A change of one group needs no
+    control: its own experiment compared it with the baseline."""
+    out: dict[str, list[str]] = {}
+    for k in delta:
+        out.setdefault(KNOBS[k].direction if k in KNOBS else "other", []).append(k)
+    return out
+
+
 def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predictor: Predictor,
                             base: dict[str, Any], resolved: dict[str, Any], margin: float,
                             max_changes: int, *, sessions: list[Session] = ()) -> list[Proposal]:
     brief = inputs.brief
     todo: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []  # (kind, id, config, meta)
     promo = inputs.last_promotion
-    if promo and not promo.get("ablated") and len(promo.get("delta") or {}) > 1:
+    groups = control_groups(promo.get("delta") or {}) if promo else {}
+    if promo and not promo.get("ablated") and len(groups) > 1:
         prev = promo.get("previous_config") or {}
-        for k in promo["delta"]:
-            cfg = normalize({**base, k: prev.get(k)}, base, resolved)
-            todo.append(("control", f"r{brief.round}-control-{k}", cfg,
-                         {"knob": k, "parents": [promo.get("experiment_id") or "promotion"]}))
+        for group, knobs in groups.items():
+            cfg = normalize({**base, **{k: prev.get(k) for k in knobs}}, base, resolved)
+            todo.append(("control", f"r{brief.round}-control-{group}", cfg,
+                         {"knob": ", ".join(knobs), "parents": [promo.get("experiment_id") or "promotion"]}))
     for i, entry in enumerate(inputs.diversity_pool):
         cfg = normalize({**base, **(entry.get("delta") or {})}, base, resolved)
         if config_hash(cfg) != config_hash(base) and not static_problem(cfg, brief.gpus):
@@ -351,11 +373,17 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
                                    f"change {pred['ratio']:.3f}x"], source="joint",
                          justification=(f"the surrogate predicts {pred['raw_ratio']:.3f}x for the joint change; its "
                                         "steps come from the sessions' searches within the justified step")))
+    factorial = False
     for (kind, pid, cfg, meta), pred in zip(todo, preds):
         if not pred.get("feasible"):
             continue
+        source = None
         if kind == "combination" and pred["ratio"] <= meta["best_single"] * (1 + margin / 4):
-            continue  # the model sees no added gain: its best single says as much for one experiment less
+            if factorial or len(meta["parents"]) != 2 or pred["ratio"] < 1 + margin:
+                continue  # the model sees no added gain: its best single says as much for one experiment less
+            # but the two best directions' pair is run where a slot is free (a 2x2 design with its singles):
+            # whether two gains add up is what the surrogate knows least
+            factorial, source = True, FACTORIAL
         delta = diff(base, cfg)
         if kind == "control":
             out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction="control", parents=meta["parents"],
@@ -368,8 +396,9 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
                                             "if it is same or better the knob carries no gain in the combination"),
                              evidence=[f"promoted change: {json.dumps(promo.get('delta'), sort_keys=True, default=str)}"]))
         elif kind == "follow_up":
+            measured = meta.get("verdict") == "better"
             out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction=meta.get("direction") or "control",
-                             parents=[meta.get("id", "")],
+                             parents=[meta.get("id", "")], source=MEASURED if measured else None,
                              explanation=(f"follow-up from the diversity pool: {json.dumps(meta.get('delta'), default=str)} "
                                           f"measured {meta.get('ratio', 0):.3f}x against an earlier baseline; "
                                           "re-applied on the new baseline to see whether its gain adds up"),
@@ -381,7 +410,7 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
         else:
             parts = " and ".join(f"{p} ({d})" for p, d in zip(meta["parents"], meta["directions"]))
             out.append(_made(kind, pid, brief, base, cfg, pred, predictor, direction=meta["directions"][0],
-                             parents=meta["parents"],
+                             parents=meta["parents"], source=source,
                              explanation=(f"combination of {parts}: disjoint knobs {', '.join(delta)} whose gains "
                                           "may add up, each relieving its own bottleneck; the singles in this round "
                                           "are its controls"),

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from autoresearch_dagster.agents import scoring
 from autoresearch_dagster.agents.guardrails import Guardrails, resolved_config
 from autoresearch_dagster.agents.offline import OfflineProposer, Predictor, diff
-from autoresearch_dagster.agents.orchestrator import DirectionStat, RoundInputs, RoundPlan, plan_round
+from autoresearch_dagster.agents.orchestrator import DirectionStat, RoundInputs, RoundPlan, control_groups, plan_round
 from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Proposal, ResearchBrief, lossy_settings
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
 from autoresearch_dagster.agents.tools import ToolBox
@@ -437,8 +437,11 @@ class CampaignRunner:
         path = write_json(self.dir / "rounds" / f"{round_no:03d}" / "plan.json", json_safe(plan.to_dict()))
         if self.results is not None:
             self.results.append_rows(self._proposal_rows(plan), endpoint=self.endpoint.name)
-        for p in pool_entries:
-            p.setdefault("tried_in_eras", []).append(era.index)
+        offered = {pid for p in plan.proposals if p.kind == "follow_up" for pid in p.parent_ids}
+        offered |= {pid for r in plan.rejected if r.get("kind") == "follow_up" for pid in r.get("parents", [])}
+        for p in pool_entries:  # an entry is offered until it runs or is refused (not when the round was full)
+            if p["id"] in offered:
+                p.setdefault("tried_in_eras", []).append(era.index)
         era.rounds += 1
         self.state.rounds.append({"round": round_no, "era": era.index, "plan": str(path),
                                   "proposals": [p.id for p in plan.proposals], "experiments": [], "status": "planned",
@@ -653,13 +656,14 @@ class CampaignRunner:
         promo = self.state.last_promotion
         if rec["kind"] != "control" or not promo or rec["source"] == "rollback":
             return
-        knob = rec["proposal_id"].rsplit("control-", 1)[-1]
+        group = rec["proposal_id"].rsplit("control-", 1)[-1]
         role = {"worse": "carries gain (reverting it loses capacity)", "same": "no effect in the combination",
                 "better": "harmful in the combination"}.get(rec["verdict"], "unknown (invalid runs)")
-        promo.setdefault("attribution", {})[knob] = {"role": role, "verdict": rec["verdict"],
-                                                     "ratio": rec.get("ratio_median"),
-                                                     "experiment_id": rec["experiment_id"]}
-        promo["ablated"] = len(promo["attribution"]) >= len(promo.get("delta") or {})
+        promo.setdefault("attribution", {})[group] = {"role": role, "verdict": rec["verdict"],
+                                                      "knobs": sorted(rec["intervention"]),
+                                                      "ratio": rec.get("ratio_median"),
+                                                      "experiment_id": rec["experiment_id"]}
+        promo["ablated"] = len(promo["attribution"]) >= len(control_groups(promo.get("delta") or {}))
 
     def _diversity(self, rec: dict[str, Any], margin: float) -> None:
         if not rec.get("ratio_median") or rec["verdict"] not in ("better", "same") or rec["kind"] == "control":
@@ -719,9 +723,11 @@ class CampaignRunner:
                   previous_config=dict(cur.config))
         self.state.eras.append(era)
         self.state.last_promotion = {"experiment_id": experiment_id, "delta": era.delta, "previous_config": cur.config,
-                                     "ablated": len(era.delta) < 2, "era": era.index}
+                                     "ablated": len(control_groups(era.delta)) < 2, "era": era.index}
+        # good-but-different: an entry that touches the promoted knobs was a variant of the promoted idea
         self.state.diversity_pool = [p for p in self.state.diversity_pool
-                                     if diff(config, {**config, **p["delta"]}) and p["id"] != experiment_id]
+                                     if diff(config, {**config, **p["delta"]}) and p["id"] != experiment_id
+                                     and not set(p["delta"]) & set(era.delta)]
         if self.results is not None:
             record_promotion(self.results, self.campaign, config, experiment_id=experiment_id)
         self._surrogate = None

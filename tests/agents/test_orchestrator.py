@@ -174,3 +174,79 @@ def test_the_joint_candidate_does_not_reassemble_lossy_settings_that_failed_the_
     cfg, *_ = joint_candidate(ideas, model, {}, {}, 0.04, 4, 1,
                               gate_failures=[["kv_cache_dtype=fp8_e4m3", "quantization=fp8"]])
     assert cfg == {"quantization": "fp8", "enable_mixed_chunk": True}
+
+
+def test_controls_revert_one_direction_of_a_promotion_at_a_time(tmp_path):
+    from autoresearch_dagster.agents.orchestrator import control_groups
+
+    eagle = {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 4}
+    assert control_groups(eagle) == {"speculative": list(eagle)}  # one technique: its experiment was the control
+    both = {**eagle, "enable_mixed_chunk": True, "chunked_prefill_size": 4096}
+    assert control_groups(both) == {"speculative": list(eagle),
+                                    "scheduling_cache": ["enable_mixed_chunk", "chunked_prefill_size"]}
+    prev = {"chunked_prefill_size": 8192}
+    base = {**prev, **both}
+    model = ProductPredictor({"speculative_algorithm": 1.4, "enable_mixed_chunk": 1.2})
+    promo = {"experiment_id": "e-7", "delta": both, "previous_config": prev, "ablated": False}
+    inputs = RoundInputs(brief=_brief(baseline_config=base, baseline_hash=config_hash(base)), stats={}, tested={},
+                         gate_failures={}, last_promotion=promo)
+    plan = plan_round(inputs, [FakeProposer({})], guardrails=Guardrails(gpus=1), predictor=model, max_experiments=3,
+                      n_directions=2, trace_dir=tmp_path)
+    controls = [p for p in plan.proposals + [] if p.kind == "control"]
+    assert len(controls) == 1  # one control per round
+    refused = [r["proposal_id"] for r in plan.rejected]
+    assert not any("control" in r for r in refused)
+    c = controls[0]
+    group = c.id.rsplit("control-", 1)[-1]
+    assert group in ("speculative", "scheduling_cache")
+    reverted = {k for k in both if c.candidate_config.get(k) != base[k]}
+    assert reverted == set(control_groups(both)[group])  # the whole group, nothing else
+
+
+def test_a_measured_gain_is_followed_up_even_when_the_model_predicts_a_loss(tmp_path):
+    """The surrogate is wrong in ways only experiments show: a change that measured better on the previous
+    baseline is re-applied on the new one although the model says it would now lose."""
+    base = {"speculative_algorithm": "EAGLE"}
+    model = ProductPredictor({"speculative_algorithm": 1.0, "enable_mixed_chunk": 0.9, "schedule_policy": 1.1},
+                             clash=("speculative_algorithm", "enable_mixed_chunk"))
+    pool = [{"id": "e-2", "delta": {"enable_mixed_chunk": True}, "technique": "enable_mixed_chunk=True",
+             "direction": "scheduling_cache", "ratio": 1.23, "verdict": "better"},
+            {"id": "e-3", "delta": {"page_size": 16}, "technique": "page_size=16", "direction": "scheduling_cache",
+             "ratio": 1.03, "verdict": "same"}]
+    inputs = RoundInputs(brief=_brief(baseline_config=base, baseline_hash=config_hash(base)), stats={}, tested={},
+                         gate_failures={}, diversity_pool=pool)
+    plan = plan_round(inputs, [FakeProposer({})], guardrails=Guardrails(gpus=1), predictor=model, max_experiments=3,
+                      n_directions=2, trace_dir=tmp_path)
+    follow = [p for p in plan.proposals if p.kind == "follow_up"]
+    assert [p.parent_ids for p in follow] == [["e-2"]]
+    assert follow[0].prediction.capacity_ratio < 1  # the model's view is kept as the prediction it is scored on
+    assert follow[0].candidate_config == {"speculative_algorithm": "EAGLE", "enable_mixed_chunk": True}
+    # the "same" entry is not evidence by itself: the model's prediction decides (here: no gain)
+    refused = {tuple(r["parents"]): r for r in plan.rejected if r.get("kind") == "follow_up"}
+    assert ("e-3",) in refused and "not evidence-supported" in refused[("e-3",)]["reasons"][0]
+
+
+def test_a_free_slot_tests_whether_the_two_best_directions_add_up_before_a_variant_of_either(tmp_path):
+    fake = FakeProposer({
+        "scheduling_cache": [_prop("a", "scheduling_cache", {"enable_mixed_chunk": True}, 1.3),
+                             _prop("a2", "scheduling_cache", {"enable_mixed_chunk": True, "schedule_policy": "lpm"},
+                                   1.25)],
+        "parallel_admission": [_prop("c", "parallel_admission", {"max_running_requests": 1024}, 1.15)]})
+    # the model says the two clash (no added gain): no ordinary combination, but the 2x2 design's fourth cell
+    model = ProductPredictor({"enable_mixed_chunk": 1.3, "max_running_requests": 1.15, "schedule_policy": 0.96},
+                             clash=("enable_mixed_chunk", "max_running_requests"))
+    inputs = RoundInputs(brief=_brief(), stats={}, tested={}, gate_failures={})
+    plan = plan_round(inputs, [fake], guardrails=Guardrails(gpus=1), predictor=model, max_experiments=3,
+                      n_directions=2, trace_dir=tmp_path)
+    assert [p.id for p in plan.proposals[:2]] == ["a", "c"]
+    third = plan.proposals[2]
+    assert third.source == "factorial" and third.parent_ids == ["a", "c"]
+    assert third.candidate_config == {"enable_mixed_chunk": True, "max_running_requests": 1024}
+    assert third.prediction.capacity_ratio < 1.3  # predicted honestly: below its best single
+    # with two slots the singles come first; a fourth slot goes to the variant
+    plan2 = plan_round(inputs, [fake], guardrails=Guardrails(gpus=1), predictor=model, max_experiments=2,
+                       n_directions=2, trace_dir=tmp_path)
+    assert [p.id for p in plan2.proposals] == ["a", "c"]
+    plan4 = plan_round(inputs, [fake], guardrails=Guardrails(gpus=1), predictor=model, max_experiments=4,
+                       n_directions=2, trace_dir=tmp_path)
+    assert [p.id for p in plan4.proposals][3] == "a2"
