@@ -12,7 +12,7 @@ class CampaignResource(dg.ConfigurableResource):
 
     proposer: str = "offline"
     claude_model: str = "claude-sonnet-4-5"
-    directions_per_round: int = 3
+    directions_per_round: int = 4
     experiments_per_round: int = 3
     search_trials: int = 6
     confirm: str = "remeasure"

@@ -23,8 +23,8 @@ linked from every proposal. The orchestrator then adds what no single session se
   the gain.
 Every proposal passes ``agents.guardrails``; a lossy value that already failed the correctness gate
 and a config already tested under the same conditions are refused with the reason. The round runs
-the best candidate of each direction first, then the rest by predicted gain, up to the round's
-budget; only evidence-supported candidates are run: a predicted gain of at least the noise floor's
+the best candidate of each direction first (the highest predicted first), then the rest by predicted
+gain, up to the round's budget; only evidence-supported candidates are run: a predicted gain of at least the noise floor's
 margin / 2, or a follow-up whose change measured better (a measured gain is evidence the surrogate
 cannot overrule: its model is wrong in ways only experiments show), or a control. A round with none
 left is how a campaign runs out of ideas.
@@ -238,10 +238,12 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
     singles = [predicted(p) for p in supported if p.kind == "experiment"]
     if combos and (not singles or predicted(combos[0]) > max(singles)):
         order.append(combos[0])  # the best idea first; its singles below are its controls
+    bests = []
     for d in [x["direction"] for x in directions]:
         mine = sorted((p for p in supported if p.direction == d and p.kind == "experiment"), key=lambda p: -predicted(p))
         if mine:
-            order.append(mine[0])
+            bests.append(mine[0])
+    order += sorted(bests, key=lambda p: -predicted(p))  # more directions than slots: the model's best bets
     rest = sorted((p for p in supported if p not in order and p.kind != "control"), key=lambda p: -predicted(p))
 
     def redundant(p: Proposal) -> bool:  # the same idea with a knob more or less than one already chosen
@@ -326,6 +328,8 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
     if promo and not promo.get("ablated") and len(groups) > 1:
         prev = promo.get("previous_config") or {}
         for group, knobs in groups.items():
+            if group in (promo.get("attribution") or {}):
+                continue  # this part's control already ran
             cfg = normalize({**base, **{k: prev.get(k) for k in knobs}}, base, resolved)
             todo.append(("control", f"r{brief.round}-control-{group}", cfg,
                          {"knob": ", ".join(knobs), "parents": [promo.get("experiment_id") or "promotion"]}))

@@ -27,7 +27,8 @@ class CampaignSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     proposer: Literal["offline", "claude", "both"] = "offline"
     claude_model: str = Field(default="claude-sonnet-4-5", description="model name for the Claude proposer")
-    directions_per_round: int = Field(default=3, ge=1, le=4)
+    directions_per_round: int = Field(default=4, ge=1, le=4, description="sessions per round, one per direction "
+                                      "(4: every direction; the round's slots go to their best predicted ideas)")
     experiments_per_round: int = Field(default=3, ge=1, le=16)
     search_trials: int = Field(default=6, ge=0, le=200, description="surrogate trials per offline session")
     exhausted_after: int = Field(default=2, ge=1, description="a direction whose last N experiments gained "

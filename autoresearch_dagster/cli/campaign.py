@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--concurrent-gpus", type=int, default=2,
                    help="GPUs measured at once (on the emulator: local worker processes; default 2)")
     r.add_argument("--experiments-per-round", type=int, default=3)
-    r.add_argument("--directions", type=int, default=3, help="research directions per round (default 3)")
+    r.add_argument("--directions", type=int, default=4, help="research directions per round (default 4: all)")
     r.add_argument("--search-trials", type=int, default=6, help="surrogate search trials per offline session")
     r.add_argument("--confirm", choices=["remeasure", "fresh_runs"], default="remeasure",
                    help="confirm a 'better' by the promoted baseline's re-measured noise floor (default) or by "
