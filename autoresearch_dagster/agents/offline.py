@@ -17,7 +17,8 @@ from typing import Any
 
 from autoresearch_dagster.agents.guardrails import Guardrails
 from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, Intervention, KnobChange, LatencyTerm, Prediction,
-                                                  Proposal, ResearchBrief, Session, fails_gate, lossy_settings)
+                                                  Proposal, ResearchBrief, Session, fails_gate, lossy_settings,
+                                                  stakes_too_much)
 from autoresearch_dagster.agents.recipes import Recipe, load_recipes, resolve_move
 from autoresearch_dagster.agents.search import SearchSpace, normalize, search, static_problem
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
@@ -123,6 +124,7 @@ class OfflineProposer:
                 failed = fails_gate(cfg, base, brief.gate_failures)
                 if failed:
                     problem = f"{', '.join(failed)} failed the correctness gate before"
+                problem = problem or stakes_too_much(cfg, base)
                 if problem or not p["feasible"]:
                     out.append((None, problem or p["reason"]))
                 else:

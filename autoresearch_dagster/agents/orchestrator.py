@@ -41,7 +41,7 @@ from typing import Any
 from autoresearch_dagster.agents.guardrails import Guardrails, check
 from autoresearch_dagster.agents.offline import Predictor, diff
 from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, DIRECTIONS, Intervention, KnobChange, Proposal,
-                                                  ResearchBrief, Session, fails_gate)
+                                                  ResearchBrief, Session, fails_gate, new_lossy, stakes_too_much)
 from autoresearch_dagster.agents.search import normalize, static_problem
 from autoresearch_dagster.outputs.files import json_safe, write_json
 from autoresearch_dagster.spec import KNOBS, config_hash
@@ -203,6 +203,8 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
             if failed:
                 exp = next(e for e, f in inputs.gate_failures.items() if f == failed)
                 reasons.append(f"{', '.join(failed)} failed the correctness gate in {exp}")
+            elif stakes_too_much(res.candidate_config, base):
+                reasons.append(stakes_too_much(res.candidate_config, base))
         if reasons:
             rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction, "kind": p.kind,
                              "parents": p.parent_ids, "intervention": p.intervention.delta(), "reasons": reasons})
@@ -254,7 +256,13 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
     last = [p for p in rest if p.source == FACTORIAL]
     rest = [p for p in rest if not redundant(p) and p not in last] + last + [p for p in rest if redundant(p)
                                                                               and p not in last]
-    chosen = (order + rest)[:max_experiments]
+    chosen: list[Proposal] = []
+    staked: set[str] = set()
+    for p in order + rest:  # one candidate per new lossy setting a round: a failed gate fails them all
+        risk = set(new_lossy(p.candidate_config or {}, base))
+        if len(chosen) < max_experiments and not risk & staked:
+            chosen.append(p)
+            staked |= risk
     note = (f"{len(chosen)} experiment(s) from {len(candidates)} session proposal(s) and {len(extra)} of the "
             f"orchestrator; {len(rejected)} refused")
     return RoundPlan(round=brief0.round, baseline_hash=brief0.baseline_hash, directions=directions, proposals=chosen,
@@ -296,8 +304,8 @@ def joint_candidate(ideas: list[tuple[float, dict[str, Any], str, str]], predict
         if set(d) & set(current) or len(set(d) | set(current)) > max_changes:
             continue
         cfg = normalize({**base, **current, **d}, base, resolved)
-        if static_problem(cfg, gpus) or fails_gate(cfg, base, list(gate_failures)):
-            continue  # two ideas may each pass alone and together repeat lossy settings that failed the gate
+        if static_problem(cfg, gpus) or fails_gate(cfg, base, list(gate_failures)) or stakes_too_much(cfg, base):
+            continue  # two ideas may each pass alone and together repeat (or pile up) lossy settings
         p = predictor.predict(base, [cfg])[0]
         if p.get("feasible") and p["ratio"] > value * (1 + margin / 4):
             current, value, pred = {**current, **d}, p["ratio"], p
@@ -349,7 +357,7 @@ def _orchestrator_proposals(inputs: RoundInputs, accepted: list[Proposal], predi
             if len(knobs) != len(set(knobs)) or len(knobs) > max_changes:
                 continue
             cfg = normalize({**base, **{k: v for d in deltas for k, v in d.items()}}, base, resolved)
-            if not static_problem(cfg, brief.gpus):
+            if not static_problem(cfg, brief.gpus) and not stakes_too_much(cfg, base):
                 todo.append(("combination", f"r{brief.round}-combo-{config_hash(cfg)[:6]}", cfg,
                              {"parents": [p.id for p in group], "directions": [p.direction for p in group],
                               "best_single": max(p.prediction.capacity_ratio for p in group)}))

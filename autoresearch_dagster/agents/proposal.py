@@ -201,9 +201,24 @@ def lossy_settings(config: dict[str, Any]) -> list[str]:
     return sorted(f"{k}={KNOBS[k].canonical(v)}" for k, v in config.items() if KNOBS[k].meaning(v).lossy)
 
 
+def new_lossy(config: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """The lossy settings a candidate stakes beyond its baseline's own: what the correctness gate judges."""
+    return sorted(set(lossy_settings(config)) - set(lossy_settings(baseline)))
+
+
+def stakes_too_much(config: dict[str, Any], baseline: dict[str, Any]) -> str | None:
+    """Why a candidate stakes more than one new lossy setting at once (a gate failure would not say which
+    of them changed the outputs), else None."""
+    mine = new_lossy(config, baseline)
+    if len(mine) > 1:
+        return (f"stakes {len(mine)} new lossy settings at once ({', '.join(mine)}): a correctness-gate failure "
+                "would not say which; one at a time")
+    return None
+
+
 def fails_gate(config: dict[str, Any], baseline: dict[str, Any], failures: list[list[str]]) -> list[str] | None:
     """The failed set of lossy settings this config repeats (beyond the baseline's own), else None."""
-    mine = set(lossy_settings(config)) - set(lossy_settings(baseline))
+    mine = set(new_lossy(config, baseline))
     for failed in failures:
         if failed and set(failed) <= mine:
             return failed

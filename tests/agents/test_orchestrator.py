@@ -162,7 +162,7 @@ def test_a_round_proposes_the_joint_candidate_first_when_it_beats_every_single(t
     assert [p.id for p in plan.proposals[1:]] == ["a", "c"]  # the singles: its controls
 
 
-def test_the_joint_candidate_does_not_reassemble_lossy_settings_that_failed_the_gate_together():
+def test_the_joint_candidate_stakes_one_new_lossy_setting_at_most():
     from autoresearch_dagster.agents.orchestrator import joint_candidate
 
     ideas = [(1.5, {"quantization": "fp8"}, "q", "kernels_quant"),
@@ -170,10 +170,11 @@ def test_the_joint_candidate_does_not_reassemble_lossy_settings_that_failed_the_
              (1.1, {"enable_mixed_chunk": True}, "m", "scheduling_cache")]
     model = ProductPredictor({"quantization": 1.5, "kv_cache_dtype": 1.2, "enable_mixed_chunk": 1.1})
     cfg, *_ = joint_candidate(ideas, model, {}, {}, 0.04, 4, 1)
-    assert cfg == {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "enable_mixed_chunk": True}
-    cfg, *_ = joint_candidate(ideas, model, {}, {}, 0.04, 4, 1,
-                              gate_failures=[["kv_cache_dtype=fp8_e4m3", "quantization=fp8"]])
-    assert cfg == {"quantization": "fp8", "enable_mixed_chunk": True}
+    assert cfg == {"quantization": "fp8", "enable_mixed_chunk": True}  # fp8 KV too: a failed gate would not say which
+    # on a baseline that already runs fp8 KV, quantization is the only new stake: both may go together
+    kv = {"kv_cache_dtype": "fp8_e4m3"}
+    cfg, *_ = joint_candidate([ideas[0], ideas[2]], model, kv, {}, 0.04, 4, 1)
+    assert cfg == {**kv, "quantization": "fp8", "enable_mixed_chunk": True}
 
 
 def test_controls_revert_one_direction_of_a_promotion_at_a_time(tmp_path):
@@ -250,3 +251,21 @@ def test_a_free_slot_tests_whether_the_two_best_directions_add_up_before_a_varia
     plan4 = plan_round(inputs, [fake], guardrails=Guardrails(gpus=1), predictor=model, max_experiments=4,
                        n_directions=2, trace_dir=tmp_path)
     assert [p.id for p in plan4.proposals][3] == "a2"
+
+
+def test_a_round_stakes_each_new_lossy_setting_once_and_one_at_a_time(tmp_path):
+    fake = FakeProposer({
+        "kernels_quant": [_prop("both", "kernels_quant", {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}, 2.0),
+                          _prop("q", "kernels_quant", {"quantization": "fp8"}, 1.6)],
+        "scheduling_cache": [_prop("m", "scheduling_cache", {"enable_mixed_chunk": True}, 1.2),
+                             _prop("mq", "scheduling_cache", {"enable_mixed_chunk": True, "quantization": "fp8"},
+                                   1.5)]})
+    model = ProductPredictor({"quantization": 1.6, "kv_cache_dtype": 1.25, "enable_mixed_chunk": 1.2})
+    inputs = RoundInputs(brief=_brief(), stats={}, tested={}, gate_failures={})
+    plan = plan_round(inputs, [fake], guardrails=Guardrails(gpus=1), predictor=model, max_experiments=4,
+                      n_directions=4, trace_dir=tmp_path)
+    reasons = {r["proposal_id"]: " ".join(r["reasons"]) for r in plan.rejected}
+    assert "stakes 2 new lossy settings at once" in reasons["both"]
+    staked = [p for p in plan.proposals if "quantization" in p.candidate_config]
+    assert len(staked) == 1  # fp8 weights are staked by one experiment of the round: if it fails, only it fails
+    assert any(p.id == "m" for p in plan.proposals)
