@@ -24,10 +24,11 @@ linked from every proposal. The orchestrator then adds what no single session se
 Every proposal passes ``agents.guardrails``; a lossy value that already failed the correctness gate
 and a config already tested under the same conditions are refused with the reason. The round runs
 the best candidate of each direction first (the highest predicted first), then the rest by predicted
-gain, up to the round's budget; only evidence-supported candidates are run: a predicted gain of at least the noise floor's
-margin / 2, or a follow-up whose change measured better (a measured gain is evidence the surrogate
-cannot overrule: its model is wrong in ways only experiments show), or a control. A round with none
-left is how a campaign runs out of ideas.
+gain, up to the round's budget, one candidate per new lossy setting (and none with two). Only
+evidence-supported candidates are run: a predicted gain of at least the noise floor's margin / 2, a
+follow-up whose change measured better (a measured gain is evidence the surrogate cannot overrule: its
+model is wrong in ways only experiments show), or a control. A round with none left is how a campaign
+runs out of ideas.
 """
 from __future__ import annotations
 
@@ -203,8 +204,8 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
             if failed:
                 exp = next(e for e, f in inputs.gate_failures.items() if f == failed)
                 reasons.append(f"{', '.join(failed)} failed the correctness gate in {exp}")
-            elif stakes_too_much(res.candidate_config, base):
-                reasons.append(stakes_too_much(res.candidate_config, base))
+            elif too_much := stakes_too_much(res.candidate_config, base):
+                reasons.append(too_much)
         if reasons:
             rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction, "kind": p.kind,
                              "parents": p.parent_ids, "intervention": p.intervention.delta(), "reasons": reasons})
@@ -253,9 +254,8 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
         return any(q.direction == p.direction and (mine <= set(q.intervention.delta()) or set(q.intervention.delta())
                                                    <= mine) for q in order)
 
-    last = [p for p in rest if p.source == FACTORIAL]
-    rest = [p for p in rest if not redundant(p) and p not in last] + last + [p for p in rest if redundant(p)
-                                                                              and p not in last]
+    # by predicted gain, then the factorial pair, then variants of chosen ideas (a stable sort keeps the gain order)
+    rest.sort(key=lambda p: 1 if p.source == FACTORIAL else (2 if redundant(p) else 0))
     chosen: list[Proposal] = []
     staked: set[str] = set()
     for p in order + rest:  # one candidate per new lossy setting a round: a failed gate fails them all
