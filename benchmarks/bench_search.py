@@ -432,10 +432,12 @@ def main() -> int:
             for m, v in gpu_summary.items()}
     print(f"{'median':24s} {'':8s} {'':8s} {'':8s}  " + " ".join(f"{med[m]:5.1f} ({gmed[m]:6.1f} h)".rjust(16)
                                                       for m in methods))
+    def verdict(m: dict[str, float]) -> str:
+        return "met" if m["offline"] <= 12 and m["offline"] <= 0.5 * m["tpe"] else "NOT met"
+
     if "offline" in med and "tpe" in med:
-        ok = med["offline"] <= 12 and med["offline"] <= 0.5 * med["tpe"]
         print(f"target: offline median <= 12 experiments and <= half of TPE's ({med['offline']:.1f} vs "
-              f"{med['tpe']:.1f}): {'met' if ok else 'NOT met'}")
+              f"{med['tpe']:.1f}): {verdict(med)}")
     # an endpoint whose production config already reaches 95% of the optimum counts 0 for every method: it tests
     # nothing and pulls every median down, so the medians without it are printed too
     easy = [r["bench"] for r in table if (r["default"] or 0.0) >= 0.95 * r["optimum"]]
@@ -443,8 +445,7 @@ def main() -> int:
         rest = {m: float(np.median([r[m] for r in table if r["bench"] not in easy])) for m in methods}
         print(f"already at 95% of the grid's optimum in production: {', '.join(easy)}; medians without: "
               + ", ".join(f"{m} {v:.1f}" for m, v in rest.items())
-              + (f" (target {'met' if rest['offline'] <= 12 and rest['offline'] <= 0.5 * rest['tpe'] else 'NOT met'})"
-                 if "offline" in rest and "tpe" in rest else ""))
+              + (f" (target {verdict(rest)})" if "offline" in rest and "tpe" in rest else ""))
     print(f"wall time {time.monotonic() - t0:.0f} s, {args.workers} workers, load average {os.getloadavg()[0]:.2f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(args.out), json.dumps({"table": table, "runs": runs}, default=str, indent=1))
