@@ -30,8 +30,11 @@ import re
 from collections import Counter
 from typing import Any, Callable, Iterator
 
+from autoresearch_dagster.pool import pii_detect
+
 KEY_ENV = "AUTORESEARCH_REDACTION_KEY"
-PII_TYPES = ("email", "phone", "card", "iban", "ssn", "ipv4", "ipv6", "url_secret", "api_key", "person", "address")
+PII_TYPES = ("email", "phone", "card", "iban", "ssn", "national_id", "ipv4", "ipv6", "url_secret", "api_key", "dob",
+             "passport", "licence", "person", "address", "location", "organization")
 
 FIRST_NAMES = frozenset("""
 James Mary Robert Patricia John Jennifer Michael Linda David Elizabeth William Barbara Richard Susan
@@ -79,11 +82,11 @@ _SIGNATURE = re.compile(r"\b(?:Regards|Thanks|Thank you|Cheers|Best|Sincerely|Be
 _STREET_SUFFIX = (r"Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Way|Place|Pl|Terrace|"
                   r"Circle|Cir|Parkway|Pkwy|Highway|Hwy|Square|Sq|Trail|Alley")
 _ADDRESS = re.compile(r"\b\d{1,6}[A-Za-z]?\s+(?:[NSEW]\.?\s+)?(?:[A-Z][a-z]+\.?\s+){1,3}(?:" + _STREET_SUFFIX + r")\b\.?")
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+_EMAIL = re.compile(r"[A-Za-z0-9._%+'-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 _URL = re.compile(r"\b(?:https?|ftp|wss?|postgres(?:ql)?|mysql|mongodb(?:\+srv)?|redis|amqp)://[^\s\"'<>\\]+")
 _URL_SECRET_PARAM = re.compile(r"(?i)(?:^|[?&;])((?:access_|refresh_|id_|auth_|api_|session_)?(?:token|key|apikey|"
                                r"secret|password|passwd|pwd|sig|signature|auth|code|credential|session)[A-Za-z_]*)=([^&#;]+)")
-_CARD = re.compile(r"(?<![\d.,-])\d(?:[ -]?\d){12,18}(?![\d])")
+_CARD = re.compile(r"(?<![\d.,-])\d(?:[ -]?\d){11,18}(?![\d])")
 _SSN = re.compile(r"(?<![\d-])(\d{3})-(\d{2})-(\d{4})(?![\d-])")
 _SSN_PLAIN = re.compile(r"(?i)\b(?:ssn|social security(?: number| no\.?)?)\s*(?:is|:|#|no\.?)?\s*(\d{9})\b")
 _PHONE_NANP = re.compile(r"(?<![\w+])(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\w-])")
@@ -98,12 +101,15 @@ _KEY_SHAPES = re.compile(
     r"|\bgh[pousr]_[A-Za-z0-9]{30,}\b|\bgithub_pat_[A-Za-z0-9_]{30,}"
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
     r"|\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{8,}"
-    r"|\bAIza[0-9A-Za-z_-]{35}")
+    r"|\bAIza[0-9A-Za-z_-]{35}"
+    r"|\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}")
 _BEARER = re.compile(r"\b[Bb]earer\s+([A-Za-z0-9._~+/-]{12,}=*)")
-_KV_SECRET = re.compile(r"(?i)\b(?:api[_-]?key|secret(?:[_-]?key)?|access[_-]?token|auth[_-]?token|password|passwd|pwd)"
-                        r"[\"']?\s*[:=]\s*[\"']?([^\s\"',;&]{8,})")
+_KV_SECRET = re.compile(r"(?i)(?:\b|_)(?:api[_-]?key|secret(?:[_-]?(?:access[_-]?)?key)?|access[_-]?token|auth[_-]?token|"
+                        r"client[_-]?secret|private[_-]?key|password|passwd|passphrase|pwd|pass)"
+                        r"[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?([^\s\"',;]{6,})")
+_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----")
 _KEEP_PREFIX = re.compile(r"^(?:sk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?|AKIA|ASIA|gh[pousr]_|github_pat_|"
-                          r"xox[abposr]-|eyJ|AIza)")
+                          r"xox[abposr]-|eyJ|AIza|(?:sk|rk|pk)_(?:live|test)_)")
 
 # Keys of tool definitions / JSON schemas whose string values are structure, never redacted.
 STRUCTURAL_KEYS = frozenset({"type", "name", "$ref", "$schema", "$id", "format", "pattern", "required", "role",
@@ -120,6 +126,21 @@ def luhn_valid(digits: str) -> bool:
                 d -= 9
         total += d
     return total % 10 == 0
+
+
+# Issuer prefixes by card length (ISO/IEC 7812 ranges of the major schemes): a Luhn-valid barcode
+# or account number of another shape is not a card.
+_CARD_IIN = {
+    12: ("50", "56", "57", "58", "6"), 13: ("4", "50", "56", "57", "58", "6"),
+    14: ("30", "36", "38", "39", "50", "56", "57", "58", "6"),
+    15: ("34", "37", "2131", "1800", "50", "56", "57", "58", "6"),
+    16: ("4", "2", "5", "6", "35"), 17: ("50", "56", "57", "58", "6"), 18: ("50", "56", "57", "58", "6"),
+    19: ("4", "50", "56", "57", "58", "6", "35"),
+}
+
+
+def card_shaped(digits: str) -> bool:
+    return digits.startswith(_CARD_IIN.get(len(digits), ("\x00",)))
 
 
 def iban_valid(iban: str) -> bool:
@@ -186,7 +207,7 @@ def _hint_positions(text: str) -> dict[str, list[int]]:
     return out
 
 
-_KV_HINTS = ("key", "secret", "token", "passw", "pwd")
+_KV_HINTS = ("key", "secret", "token", "pwd", "pass")
 _LONG_TOKEN = re.compile(r"[A-Za-z0-9_+/-]{24,}={0,2}")
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+/=-")
 
@@ -262,7 +283,7 @@ def _spans(text: str) -> list[Span]:
                 add((m.start(), m.end(), "iban", m.group().replace(" ", "")))
         for m in _scan(_CARD, text, digit_win):
             digits = re.sub(r"\D", "", m.group())
-            if 13 <= len(digits) <= 19 and luhn_valid(digits):
+            if card_shaped(digits) and luhn_valid(digits):
                 add((m.start(), m.end(), "card", digits))
         if "-" in chars:
             for m in _scan(_SSN, text, digit_win):
@@ -297,6 +318,16 @@ def _spans(text: str) -> list[Span]:
             if (s0 == 0 or (text[s0 - 1] not in _TOKEN_CHARS and text[s0 - 1] != ".")) and \
                     (e0 == n or text[e0] not in _TOKEN_CHARS) and _looks_secret(m.group()):
                 add((s0, e0, "api_key", m.group()))
+    if "-----BEGIN" in text:
+        for m in _PEM.finditer(text):
+            add((m.start(), m.end(), "api_key", m.group()))
+    if not chars.isdisjoint("0123456789"):
+        out.extend(pii_detect.phone_spans(text))
+        out.extend(pii_detect.id_spans(text))
+        out.extend(pii_detect.address_spans(text))
+    out.extend(pii_detect.gazetteer_person_spans(text))
+    if _ner_enabled():
+        out.extend(pii_detect.ner_spans(text))
     for rx, group, after in ((_HONORIFIC, "honorific", 48), (_INTRO, "intro", 64), (_SIGNATURE, "signature", 64)):
         for m in _scan(rx, text, near(group, 16, after)):
             add((m.start(1), m.end(1), "person", m.group(1)))
@@ -310,20 +341,36 @@ def _spans(text: str) -> list[Span]:
     return out
 
 
-# Earlier detectors win overlaps that start at the same offset (e.g. a card also shaped like a phone).
-_PRIORITY = {t: i for i, t in enumerate(("url_secret", "api_key", "email", "iban", "card", "ssn", "phone", "ipv6",
-                                         "ipv4", "address", "person"))}
+# Where detections overlap they merge into one span; its kind is the highest-priority one, or
+# "a+b" when several kinds met (such a span gets a class-preserving scramble, which keeps no digit
+# or letter of any of them).
+_PRIORITY = {t: i for i, t in enumerate(("url_secret", "api_key", "email", "iban", "card", "ssn", "national_id",
+                                         "passport", "licence", "dob", "ipv6", "ipv4", "phone", "address", "person",
+                                         "location", "organization"))}
+_NER_ENV = "AUTORESEARCH_REDACTION_NER"
+
+
+def _ner_enabled() -> bool:
+    """spaCy NER runs unless AUTORESEARCH_REDACTION_NER=0 or its model package is not installed."""
+    return os.environ.get(_NER_ENV, "1") != "0" and pii_detect.ner_available()
 
 
 def find_pii(text: str) -> list[Span]:
-    """Non-overlapping PII spans in ``text``, in order."""
-    spans = sorted(_spans(text), key=lambda s: (s[0], _PRIORITY[s[2]], -(s[1] - s[0])))
+    """Non-overlapping PII spans in ``text``, in order (overlapping detections merged)."""
+    spans = sorted(_spans(text), key=lambda s: (s[0], -(s[1] - s[0])))
     out: list[Span] = []
-    end = -1
     for s in spans:
-        if s[0] >= end:
+        if out and s[0] < out[-1][1]:
+            a, b, kind, norm = out[-1]
+            if s[1] <= b:  # inside the span before: that one's kind stands, unless both are one extent
+                if (s[0], s[1]) == (a, b) and "+" not in kind and _PRIORITY[s[2]] < _PRIORITY[kind]:
+                    out[-1] = s
+                continue
+            kinds = set(kind.split("+")) | {s[2]}
+            merged = "+".join(sorted(kinds, key=_PRIORITY.__getitem__))
+            out[-1] = (a, s[1], merged, text[a:s[1]].lower())
+        else:
             out.append(s)
-            end = s[1]
     return out
 
 
@@ -404,7 +451,9 @@ class Redactor:
     def _candidate(self, kind: str, value: str, norm: str, k: int) -> str:
         """The k-th keyed surrogate candidate for a value (k = 0 unless matching a tokenizer's count)."""
         st = self._stream(kind if k == 0 else f"{kind}#{k}", norm, max(32, 2 * len(value)))
-        if kind == "card":
+        if "+" in kind:  # several kinds overlapped: no structure to keep but character classes
+            s = self._scramble(value, st)
+        elif kind == "card":
             s = value[0] + self._scramble(value[1:], st)
             digits = re.sub(r"\D", "", s)
             if luhn_valid(digits):  # deliberately invalid: flip the last digit
@@ -432,6 +481,8 @@ class Redactor:
             s = value[:keep] + self._scramble(value[keep:], st)
         elif kind == "person":
             s = self._names(value, st, [_SUR_FIRST] + [_SUR_LAST] * 4)
+        elif kind in ("location", "organization"):
+            s = self._names(value, st, [_SUR_LAST])
         elif kind == "address":
             s = self._address(value, st)
         elif kind == "email":  # letter runs become words of the same length; the TLD stays
@@ -476,7 +527,7 @@ class Redactor:
         for i, w in enumerate(words):
             if w[:1].isdigit():
                 out.append(self._scramble(w, st[i:] + st[:i]))
-            elif i == len(words) - 1 or not w[:1].isupper() or len(w) <= 2:
+            elif (i == len(words) - 1 and w.isalpha()) or not w[:1].isupper() or len(w) <= 2:
                 out.append(w)  # street-type suffix, compass letters and spacing stay
             else:
                 out.append(self._pick(_SUR_STREET, w, st[i % len(st)]) or self._scramble(w, st[i:] + st[:i]))
@@ -500,7 +551,8 @@ class Redactor:
             for start, end, kind, norm in spans:
                 parts.append(text[pos:start])
                 parts.append(self.surrogate(kind, text[start:end], norm))
-                found_c[kind] += 1
+                for k in kind.split("+"):
+                    found_c[k] += 1
                 pos = end
             parts.append(text[pos:])
             result, found = "".join(parts), tuple(found_c.items())

