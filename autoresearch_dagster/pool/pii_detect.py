@@ -321,18 +321,45 @@ def _load_nlp():
     return _nlp
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def _ner_segments(text: str) -> list[tuple[int, int]]:
+    """The sentences (merged when adjacent) where a name can be: NER runs on these only."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    for m in [*_SENTENCE_END.finditer(text), None]:
+        end = m.start() if m is not None else len(text)
+        if end > start and _NER_GATE.search(text, start, end) is not None:
+            if out and out[-1][1] >= start - 2:
+                out[-1] = (out[-1][0], end)
+            else:
+                out.append((start, end))
+        if m is not None:
+            start = m.end()
+    return out
+
+
 def ner_spans(text: str) -> list[Span]:
-    if _NER_GATE.search(text) is None:
+    segments = _ner_segments(text)
+    if not segments:
         return []
-    doc = _load_nlp()(text)
+    nlp = _load_nlp()
     # organisations are not personal data, and company names fill system prompts: opt-in only
     orgs = os.environ.get(ORGS_ENV, "0") == "1"
+    out: list[Span] = []
+    for (s0, _), doc in zip(segments, nlp.pipe(text[a:b] for a, b in segments)):
+        out.extend(_entities(text, doc, s0, orgs))
+    return out
+
+
+def _entities(text: str, doc, offset: int, orgs: bool) -> list[Span]:
     out: list[Span] = []
     for ent in doc.ents:
         kind = _NER_LABELS.get(ent.label_)
         if kind is None or (kind == "organization" and not orgs):
             continue
-        a, b = ent.start_char, ent.end_char
+        a, b = ent.start_char + offset, ent.end_char + offset
         if kind == "person" and re.search(r"(?i)\b(?:the|a|an)\s+$", text[max(0, a - 5):a]):
             continue  # "the Quick Fox": a determiner does not come before a person's name
         if kind == "person" and " " not in text[a:b].strip() and text[a:b] not in first_names() and \

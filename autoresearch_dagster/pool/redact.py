@@ -537,7 +537,7 @@ class Redactor:
     def redact_text(self, text: str) -> str:
         if len(text) < 6:
             return text
-        cached = self._text_cache.get(text) if len(text) >= 256 else None
+        cached = self._text_cache.get(text)  # content-addressed: each distinct text is analysed once
         if cached is not None:
             for kind, n in cached[1]:
                 self.counts[kind] += n
@@ -558,12 +558,11 @@ class Redactor:
             result, found = "".join(parts), tuple(found_c.items())
             for kind, n in found:
                 self.counts[kind] += n
-        if len(text) >= 256:
-            if self._cache_chars > 32_000_000:  # bounded memory: about 64 MB of cached text
-                self._text_cache.clear()
-                self._cache_chars = 0
-            self._text_cache[text] = (result, found)
-            self._cache_chars += len(text) + len(result)
+        if self._cache_chars > 32_000_000:  # bounded memory: about 64 MB of cached text
+            self._text_cache.clear()
+            self._cache_chars = 0
+        self._text_cache[text] = (result, found)
+        self._cache_chars += len(text) + len(result)
         return result
 
     # --- structures -------------------------------------------------------------------------------
