@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import pkgutil
 import re
@@ -43,7 +44,7 @@ def phone_spans(text: str) -> list[Span]:
     out: list[Span] = []
     for m in _PHONE_RUN.finditer(text):
         cand = m.group().rstrip(" \t")
-        digits = re.sub(r"\D", "", cand)
+        digits = re.sub(r"\D", "", re.split(r"[ \t]*(?:x|ext\.?|#)", cand)[0])  # the extension aside
         if not 7 <= len(digits) <= 17 or _DATEISH.match(cand):
             continue
         shaped = cand[0] in "+(0" or re.search(r"\d[ \-/)]+\d", cand) is not None or cand.count(".") >= 2
@@ -71,7 +72,7 @@ _ID_CUES = re.compile(r"(?i)(?:\bid\b|\bni\b|\bnino\b|identity|national|insuranc
                       r"\bnie\b|\bdni\b|fiscal|\bpps\b|\btax\b|\bssn\b|steuer|burgerservice|sécurité|securite|"
                       r"\bnir\b|identification)")
 _NINO = re.compile(r"(?<![A-Za-z0-9])(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]"
-                   r"(?![A-Za-z0-9])|(?<![A-Za-z0-9])(?:ZZ|QQ) ?\d{2} ?\d{2} ?\d{2} ?[A-D](?![A-Za-z0-9])")
+                   r"(?![A-Za-z0-9])|(?<![A-Za-z0-9])(?:ZZ|QQ) ?\d{2} ?\d{2} ?\d{2} ?[A-Z](?![A-Za-z0-9])")
 _ID_TOKEN = re.compile(r"(?<![\w.-])[A-Za-z0-9](?:[A-Za-z0-9]|[.\-/](?=[A-Za-z0-9])|(?<=\d) (?=\d)){6,22}(?![\w-]|\.\d)")
 _DOB_CUE = re.compile(r"(?i)\b(?:born|d\.?o\.?b\.?|date of birth|birth ?date|birthday|geboren|geb\.|née?|"
                       r"nacimiento|nascita|nascimento)\b")
@@ -140,13 +141,15 @@ def id_spans(text: str) -> list[Span]:
         compact = re.sub(r"[ .\-/]", "", v)
         if sum(c.isdigit() for c in compact) < 6 or not 8 <= len(compact) <= 16:
             continue
-        if _valid_any(strong, compact) or (
-                _valid_any(weak, compact) and _ID_CUES.search(text, max(0, m.start() - 48), m.start())):
+        # all-digit ids pass some checksum by chance (a phone number as a CPF): they need a cue
+        cue = _ID_CUES.search(text, max(0, m.start() - 48), m.start()) is not None
+        if (_valid_any(strong, compact) and (cue or not compact.isdigit())) or (cue and _valid_any(weak, compact)):
             out.append((m.start(), m.end(), "national_id", compact.upper()))
     for m in _ID_CUES.finditer(text):  # after an id cue, an id-shaped token needs no checksum
-        t = _ID_TOKEN.search(text, m.end(), min(len(text), m.end() + 40))
-        if t is not None and sum(c.isdigit() for c in t.group()) >= 6:
-            out.append((t.start(), t.end(), "national_id", re.sub(r"[ .\-/]", "", t.group()).upper()))
+        for t in _ID_TOKEN.finditer(text, m.end(), min(len(text), m.end() + 40)):
+            if sum(c.isdigit() for c in t.group()) >= 6:
+                out.append((t.start(), t.end(), "national_id", re.sub(r"[ .\-/]", "", t.group()).upper()))
+                break
     for m in _DOB_CUE.finditer(text):
         d = _DATE.search(text, m.end(), min(len(text), m.end() + 28))
         if d is not None:
@@ -285,12 +288,17 @@ _NAME_PAIR = re.compile(r"(?<![\w'’-])([A-ZÀ-Þ][a-zà-ÿ'’]+)((?:[ -](?:(?
                         r"[A-ZÀ-Þ][a-zà-ÿ'’]+(?:[A-Z][a-zà-ÿ]+)?(?:-[A-ZÀ-Þ][a-zà-ÿ'’]+)?){1,2})")
 
 
+_CAP_WORD = re.compile(r"(?<![\w'’-])[A-ZÀ-Þ][a-zà-ÿ'’]+")
+
+
 def gazetteer_person_spans(text: str) -> list[Span]:
     names = first_names()
     out: list[Span] = []
-    for m in _NAME_PAIR.finditer(text):
-        if m.group(1) in names:
-            out.append((m.start(), m.end(), "person", m.group()))
+    for w in _CAP_WORD.finditer(text):  # every capitalised word may start a name ("Call Maria Lopez")
+        if w.group() in names:
+            m = _NAME_PAIR.match(text, w.start())
+            if m is not None and m.group(1) == w.group():
+                out.append((m.start(), m.end(), "person", m.group()))
     return out
 
 
@@ -304,6 +312,7 @@ _nlp_lock = threading.Lock()
 _NER_GATE = re.compile(r"[a-z,;:)]\s+[A-ZÀ-Þ][a-zà-ÿ]|[A-ZÀ-Þ][a-zà-ÿ]+\s+[A-ZÀ-Þ][a-zà-ÿ]")
 
 
+@functools.lru_cache(maxsize=1)
 def ner_available() -> bool:
     try:
         return importlib.util.find_spec(NER_MODEL) is not None

@@ -1,22 +1,29 @@
-"""Owns PII redaction: detectors, keyed consistent format-preserving surrogates, structure-aware traversal.
+"""Owns PII redaction: detection, keyed consistent format-preserving surrogates, structure-aware traversal.
 
 Surrogate = G_type(HMAC-SHA256(K, type | normalized value)). K comes from the environment variable
 AUTORESEARCH_REDACTION_KEY, else a random per-process key that is never written anywhere. The
-same value therefore gets the same surrogate everywhere in a pool (shared prefixes stay shared).
-Surrogates keep character classes (letter -> letter with case, digit -> digit, punctuation kept),
-so lengths and the approximate token count are unchanged; names and streets come from lists of
-the same length. Checksummed identifiers are made deliberately invalid (cards fail Luhn, IBANs
-fail mod-97, SSNs get the never-issued area 9xx) so a surrogate can never be a real number.
+same value therefore gets the same surrogate everywhere in a pool (shared prefixes stay shared),
+in every worker process. Surrogates keep character classes (letter -> letter with case, digit ->
+digit, punctuation kept), so lengths and the approximate token count are unchanged; names and
+streets come from lists of the same length. Checksummed identifiers are made deliberately invalid
+(cards fail Luhn, IBANs fail mod-97, SSNs get the never-issued area 9xx) so a surrogate can never
+be a real number.
 
-What is found: e-mail addresses; phone numbers (NANP and +country formats); payment cards
-(13-19 digits, Luhn-checked); IBANs (mod-97-checked); US SSNs (dashed, or 9 digits after "SSN");
-IPv4 and IPv6 addresses (validated); credentials and token-like query values in URLs; API keys
-(sk-, AKIA/ASIA, ghp_/gho_/..., github_pat_, xox?-, JWTs, Bearer tokens, key=value secrets,
-high-entropy tokens of 24+ characters); person names after honorifics, "my name is"/"call me",
-greetings and e-mail signatures, and capitalized first-name + surname pairs from a first-name
-list; street addresses (house number + capitalized name + street-type suffix).
-What is not: names without such cues or outside the list, non-US national ids, postal codes,
-dates of birth, free-form locations, PII inside images or other non-text parts.
+What is found (patterns here, library-backed detectors in ``pool.pii_detect``): e-mail addresses;
+phone numbers in every region's national and international formats (libphonenumber); payment
+cards (12-19 digits, issuer prefix and Luhn checked); IBANs (any case, spaced or not; mod-97);
+US SSNs and national ids of FR, IT, ES, BR, NL, IN, CA, DE, AU, IE (python-stdnum checksums) and
+UK NI numbers; IPv4/IPv6; secrets (cloud keys and secret keys, GitHub/Slack/Stripe/Google tokens,
+JWTs, Bearer tokens, PEM private keys, passwords and keys in assignments, credentials in URLs,
+high-entropy tokens); dates of birth, passport and driving-licence numbers after a cue; person
+names, places and facilities (spaCy NER on the sentences where a name can be, honorific/greeting/
+signature cues, Faker's first names before a capitalised word); street addresses in English,
+Romance, German and Dutch shapes. Organisations are found only with AUTORESEARCH_REDACTION_ORGS=1
+(company names are not personal data and fill system prompts). Each distinct text is analysed
+once per process (content-addressed cache), so repeated system prompts, documents and resent
+conversation turns cost one analysis.
+What is not: a lone surname or first name with no cue that NER misses, postal codes on their own,
+PII inside images or other non-text parts.
 """
 from __future__ import annotations
 
