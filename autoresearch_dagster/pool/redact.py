@@ -530,12 +530,15 @@ class Redactor:
 
     def _address(self, value: str, st: bytes) -> str:
         words = re.split(r"(\s+)", value)
+        suffixes, prefixes, _, units = pii_detect.street_words()
+        keep = {w.lower() for w in (*suffixes, *prefixes, *units)}
         out = []
         for i, w in enumerate(words):
+            bare = w.strip(",.;:")
             if w[:1].isdigit():
                 out.append(self._scramble(w, st[i:] + st[:i]))
-            elif (i == len(words) - 1 and w.isalpha()) or not w[:1].isupper() or len(w) <= 2:
-                out.append(w)  # street-type suffix, compass letters and spacing stay
+            elif not bare or bare.lower() in keep or bare.islower() and len(bare) <= 3 or len(bare) <= 1:
+                out.append(w)  # street types (Street, rue, Calle), connectors (de, la), spacing stay
             else:
                 out.append(self._pick(_SUR_STREET, w, st[i % len(st)]) or self._scramble(w, st[i:] + st[:i]))
         return "".join(out)
