@@ -4,7 +4,8 @@
 lines stream from disk (plain or gzip) and ``parse_line`` turns one into a ``LogRecord`` or a
 ``Rejected`` (line number, reason, byte length). ``read_records`` chains both and, by default,
 restores timestamp order within a bounded reorder window (``ReorderWindow``): records later than
-the window are quarantined as out of order.
+the window are quarantined as out of order. ``TimelineGate`` (timeline.py), placed before the
+window, quarantines timestamp outliers and keeps a pool's span and gaps within ``TimelineLimits``.
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from autoresearch_dagster.logs.openai_chat import parse_openai_line
 from autoresearch_dagster.logs.records import LogRecord, RecordError, Rejected
 from autoresearch_dagster.logs.source import (FORMATS, OversizedLine, ReorderWindow, detect_format,
                                               iter_line_batches, iter_lines, ordered)
+from autoresearch_dagster.logs.timeline import TimelineGate, TimelineLimits
 from autoresearch_dagster.spec import SpecError
 
 __all__ = ["FORMATS", "LogRecord", "LogSource", "MOONCAKE_BLOCK_TOKENS", "RecordError", "Rejected",
-           "ReorderWindow", "TraceChunk", "detect_format", "open_log", "ordered", "parse_line", "read_records"]
+           "ReorderWindow", "TimelineGate", "TimelineLimits", "TraceChunk", "detect_format", "open_log", "ordered",
+           "parse_line", "read_records"]
 
 _ALIASES = {"openai": "openai", "chat": "openai", "jsonl": "openai", "mooncake": "mooncake", "azure": "azure",
             "burstgpt": "burstgpt"}
@@ -86,6 +89,9 @@ def open_log(path: str | Path, fmt: str = "auto") -> LogSource:
     p = Path(path)
     if not p.exists():
         raise SpecError(f"log file {p} does not exist")
+    if not p.is_file():
+        raise SpecError(f"log file {p} is {'a directory' if p.is_dir() else 'not a regular file'}; give the log "
+                        "files themselves")
     detected = detect_format(p)  # also raises on an empty file
     if fmt and fmt != "auto":
         if fmt not in _ALIASES:

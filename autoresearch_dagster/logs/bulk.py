@@ -41,6 +41,14 @@ class TraceChunk:
                           self.nbytes[start:stop], self.hash_values[o[start]:o[stop]], o[start:stop + 1] - o[start],
                           None if self.conversation is None else self.conversation[start:stop])
 
+    def select(self, keep: np.ndarray) -> "TraceChunk":
+        """The rows where ``keep`` (a boolean mask) is true, in order."""
+        lens = np.diff(self.hash_offsets)
+        return TraceChunk(self.line[keep], self.ts[keep], self.n_in[keep], self.n_out[keep], self.nbytes[keep],
+                          self.hash_values[np.repeat(keep, lens)],
+                          np.concatenate([np.zeros(1, np.int64), np.cumsum(lens[keep])]),
+                          None if self.conversation is None else [c for c, k in zip(self.conversation, keep) if k])
+
     @staticmethod
     def concat(parts: list["TraceChunk"]) -> "TraceChunk":
         parts = [p for p in parts if len(p)]

@@ -10,15 +10,15 @@ def parse_mooncake_line(raw: bytes, line: int, block_tokens: int = MOONCAKE_BLOC
     obj = load_json_line(raw)
     if not isinstance(obj, dict):
         raise RecordError(f"record must be a JSON object, got {type(obj).__name__}")
-    for k in ("timestamp", "input_length", "output_length"):
-        if k not in obj:
+    for k in ("timestamp", "input_length", "output_length", "hash_ids"):
+        if k not in obj:  # without hash_ids the pool would lose the trace's prefix sharing, silently
             raise RecordError(f"missing field '{k}'")
     ts = obj["timestamp"]
     if isinstance(ts, bool) or not isinstance(ts, (int, float)):
         raise RecordError(f"field 'timestamp' must be a number of milliseconds, got {type(ts).__name__}")
     n_in = check_tokens("input_length", obj["input_length"], allow_zero=False)
     n_out = check_tokens("output_length", obj["output_length"], allow_zero=False)
-    ids = obj.get("hash_ids", [])
+    ids = obj["hash_ids"]
     if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63
                                             for h in ids):
         raise RecordError("field 'hash_ids' must be a list of non-negative integers")
