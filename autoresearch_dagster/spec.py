@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class SpecError(ValueError):
@@ -259,8 +259,12 @@ def config_hash(config: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- SLA
 
 Metric = Literal["ttft", "itl", "tpot", "e2e"]
-_SLA_TERM = re.compile(r"^\s*(ttft|itl|tpot|e2e)_p(\d{1,2}(?:\.\d+)?)\s*(?:<=|<)\s*([0-9.]+)\s*(ms|s)?\s*$")
-_SLA_ERR = re.compile(r"^\s*errors?\s*(?:<=|<)\s*([0-9.]+)\s*(%)?\s*$")
+_SLA_EXAMPLE = "e.g. 'ttft_p99<=2000ms,tpot_p99<=80ms,errors<=1%'"
+_SLA_OP = re.compile(r"<=|>=|==|=<|=>|<|>|=")
+_SLA_METRIC = re.compile(r"^(ttft|itl|tpot|e2e)_p(\d+(?:\.\d+)?)$")
+_SLA_NUMBER = r"((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
+_SLA_LATENCY = re.compile(rf"^{_SLA_NUMBER}\s*(ms|s)$")
+_SLA_PERCENT = re.compile(rf"^{_SLA_NUMBER}\s*%$")
 
 
 class SLATerm(BaseModel):
@@ -269,9 +273,48 @@ class SLATerm(BaseModel):
     quantile: float = Field(gt=0, lt=100, description="percentile, e.g. 99 for p99")
     max_ms: float = Field(gt=0)
 
-    def __str__(self) -> str:
+    @property
+    def name(self) -> str:
         q = int(self.quantile) if float(self.quantile).is_integer() else self.quantile
-        return f"{self.metric}_p{q}<={self.max_ms:g}ms"
+        return f"{self.metric}_p{q}"
+
+    def __str__(self) -> str:
+        return f"{self.name}<={self.max_ms:g}ms"
+
+
+def _sla_term(part: str) -> SLATerm | float:
+    """One term of an SLA string: a latency bound, or the error-rate bound as a fraction."""
+    m = _SLA_OP.search(part)
+    if m is None:
+        raise SpecError(f"SLA term {part!r} has no bound; write it as NAME<=VALUE, {_SLA_EXAMPLE}")
+    if m.group() != "<=":
+        raise SpecError(f"SLA term {part!r}: only '<=' bounds are allowed, not {m.group()!r}")
+    name, value = part[:m.start()].strip(), part[m.end():].strip()
+    if name in ("errors", "error"):
+        num = _SLA_PERCENT.match(value)
+        if num is None:
+            raise SpecError(f"SLA term {part!r}: the error rate needs a percentage with '%', e.g. 'errors<=1%'")
+        pct = float(num.group(1))
+        if pct > 100:
+            raise SpecError(f"SLA term {part!r}: an error rate is between 0% and 100%")
+        return pct / 100.0
+    metric = _SLA_METRIC.match(name)
+    if metric is None:
+        raise SpecError(f"SLA term {part!r}: unknown name {name!r}; latency terms are METRIC_pQUANTILE with "
+                        "METRIC one of ttft, itl, tpot, e2e (e.g. 'ttft_p99'), or 'errors'")
+    q = float(metric.group(2))
+    if not 0 < q < 100:
+        raise SpecError(f"SLA term {part!r}: quantile p{metric.group(2)} is outside (0, 100), e.g. p50, p99, p99.9")
+    num = _SLA_LATENCY.match(value)
+    if num is None:
+        bare = re.fullmatch(_SLA_NUMBER, value)
+        hint = f"'{value}ms' or '{value}s'" if bare else "'2000ms' or '2s'"
+        raise SpecError(f"SLA term {part!r}: the bound needs {'a unit' if bare else 'a number and a unit'}, "
+                        f"ms or s, e.g. {hint}")
+    ms = float(num.group(1)) * (1000.0 if num.group(2) == "s" else 1.0)
+    if ms <= 0:
+        raise SpecError(f"SLA term {part!r}: a latency bound must be positive")
+    return SLATerm(metric=metric.group(1), quantile=q, max_ms=ms)
 
 
 class SLA(BaseModel):
@@ -280,28 +323,41 @@ class SLA(BaseModel):
     terms: tuple[SLATerm, ...]
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
 
+    @model_validator(mode="after")
+    def _distinct_terms(self) -> "SLA":
+        names = [t.name for t in self.terms]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise SpecError(f"SLA has more than one bound for {', '.join(dupes)}; give each metric and quantile once")
+        return self
+
     @classmethod
     def parse(cls, text: str) -> "SLA":
-        """Parse 'ttft_p99<=2000ms,tpot_p99<=80ms,errors<=1%'."""
+        """Parse 'ttft_p99<=2000ms,tpot_p99<=80ms,errors<=1%' strictly (SpecError: one line naming the term).
+
+        Latency bounds need a unit (ms or s), the error rate a '%'; only '<=' bounds; quantiles in
+        (0, 100); each metric and quantile, and the error rate, at most once. Without an error term
+        the rate is 1%.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise SpecError(f"an SLA is a comma-separated list of bounds, {_SLA_EXAMPLE}")
         terms: list[SLATerm] = []
-        max_err = 0.01
-        for part in [p for p in text.split(",") if p.strip()]:
-            m = _SLA_TERM.match(part)
-            if m:
-                metric, q, v, unit = m.groups()
-                ms = float(v) * (1000.0 if unit == "s" else 1.0)
-                terms.append(SLATerm(metric=metric, quantile=float(q), max_ms=ms))
-                continue
-            m = _SLA_ERR.match(part)
-            if m:
-                v, pct = m.groups()
-                max_err = float(v) / 100.0 if pct else float(v)
-                continue
-            raise SpecError(f"cannot parse SLA term {part.strip()!r}; expected e.g. 'ttft_p99<=2000ms' "
-                            "(metrics: ttft, itl, tpot, e2e) or 'errors<=1%'")
+        max_err: float | None = None
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                raise SpecError(f"SLA {text!r} has an empty term (a stray comma)")
+            term = _sla_term(part)
+            if isinstance(term, SLATerm):
+                if any(t.name == term.name for t in terms):
+                    raise SpecError(f"SLA {text!r} bounds {term.name} twice; give each metric and quantile once")
+                terms.append(term)
+            elif max_err is not None:
+                raise SpecError(f"SLA {text!r} bounds the error rate twice")
+            else:
+                max_err = term
         if not terms:
-            raise SpecError("an SLA needs at least one latency term, e.g. 'ttft_p99<=2000ms'")
-        return cls(terms=tuple(terms), max_error_rate=max_err)
+            raise SpecError(f"an SLA needs at least one latency term, {_SLA_EXAMPLE}")
+        return cls(terms=tuple(terms), max_error_rate=0.01 if max_err is None else max_err)
 
     def __str__(self) -> str:
         return ",".join([str(t) for t in self.terms] + [f"errors<={self.max_error_rate * 100:g}%"])
@@ -365,20 +421,47 @@ class EndpointSpec(BaseModel):
         return [(base / p).resolve() for p in self.workload.logs]
 
 
-def load_endpoint(path: str | Path) -> EndpointSpec:
-    """Read an endpoint spec from YAML or JSON; errors name the file and the field."""
+def read_spec_file(path: str | Path, what: str) -> Any:
+    """A YAML/JSON file's content; SpecError (one line naming the file) when it is missing, not a file,
+    unreadable or not valid YAML."""
     path = Path(path)
+    if not path.exists():
+        raise SpecError(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise SpecError(f"{what} {path} is {'a directory' if path.is_dir() else 'not a regular file'}, not a file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"endpoint spec {path} does not exist") from None
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise SpecError(f"{what} {path} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
     except yaml.YAMLError as e:
-        raise SpecError(f"endpoint spec {path} is not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecError(f"{what} {path} is not valid YAML: {getattr(e, 'problem', None) or e}{where}") from None
+
+
+def validation_message(e: ValidationError) -> str:
+    """A pydantic error as one line: 'field.path: message; ...'."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def load_endpoint(path: str | Path) -> EndpointSpec:
+    """Read an endpoint spec from YAML or JSON; errors name the file and the field (one line)."""
+    path = Path(path)
+    data = read_spec_file(path, "endpoint spec")
     if not isinstance(data, dict):
         raise SpecError(f"endpoint spec {path} must be a mapping")
     try:
         spec = EndpointSpec.model_validate(data)
-    except (ValueError, SpecError) as e:
+    except ValidationError as e:
+        raise SpecError(f"endpoint spec {path}: {validation_message(e)}") from None
+    except SpecError as e:
         raise SpecError(f"endpoint spec {path}: {e}") from None
     return spec.model_copy(update={"source_path": str(path.resolve())})
 
@@ -386,7 +469,7 @@ def load_endpoint(path: str | Path) -> EndpointSpec:
 def load_server_config(path: str | Path) -> dict[str, Any]:
     """Read a candidate server config file (YAML/JSON mapping of knob → value, or {server_config: {...}})."""
     path = Path(path)
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_spec_file(path, "config file") or {}
     if isinstance(data, dict) and "server_config" in data:
         data = data["server_config"]
     if not isinstance(data, dict):
