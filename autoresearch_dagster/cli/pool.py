@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from autoresearch_dagster.logs.timeline import DAY_S, TimelineLimits
 from autoresearch_dagster.pool.fidelity import format_brief, format_report
 from autoresearch_dagster.spec import SpecError
 
@@ -26,6 +27,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--tokenizer", metavar="PATH", help="Hugging Face tokenizer.json for exact token counts")
     b.add_argument("--max-records", type=int, metavar="N", help="read at most N records")
     b.add_argument("--workers", type=int, metavar="N", help="worker processes for chat logs (default: auto)")
+    b.add_argument("--context-length", type=int, metavar="TOKENS",
+                   help="the served model's context: prompts that leave no room for an output token are quarantined "
+                        "(default: no check)")
+    b.add_argument("--max-span-days", type=float, metavar="DAYS", default=TimelineLimits.max_span_s / DAY_S,
+                   help="longest timeline a pool may span; records beyond it are quarantined (default %(default)g)")
+    b.add_argument("--max-gap-days", type=float, metavar="DAYS", default=TimelineLimits.max_gap_s / DAY_S,
+                   help="largest gap between a record and the rest of the timeline; records further out are "
+                        "quarantined as timestamp outliers (default %(default)g)")
     b.set_defaults(func=_build)
     f = sub.add_parser("fidelity", help="print the fidelity report of a built pool")
     f.add_argument("--pool", required=True, metavar="DIR", help="pool directory (or its replay_pool.parquet)")
@@ -39,13 +48,25 @@ def _build(args: argparse.Namespace) -> int:
 
     if args.max_records is not None and args.max_records <= 0:
         raise SpecError("--max-records must be positive")
+    if args.workers is not None and args.workers < 1:
+        raise SpecError(f"--workers must be at least 1, got {args.workers}")
+    if args.context_length is not None and args.context_length < 2:
+        raise SpecError(f"--context-length must be at least 2 tokens, got {args.context_length}")
+    if args.tokenizer and not Path(args.tokenizer).is_file():
+        raise SpecError(f"--tokenizer {args.tokenizer} is not a file (a Hugging Face tokenizer.json)")
+    if not args.max_span_days > 0 or not args.max_gap_days > 0:
+        raise SpecError("--max-span-days and --max-gap-days must be positive")
+    timeline = TimelineLimits(max_span_s=args.max_span_days * DAY_S, max_gap_s=args.max_gap_days * DAY_S)
     res = build_pool([Path(p) for p in args.logs], args.endpoint, Path(args.out), fmt=args.format,
-                     tokenizer_path=args.tokenizer, max_records=args.max_records, workers=args.workers)
+                     tokenizer_path=args.tokenizer, max_records=args.max_records, workers=args.workers,
+                     context_length=args.context_length, timeline=timeline)
     s = res.summary
     red = ", ".join(f"{k} {v}" for k, v in s["redactions"].items()) or "none"
     print(f"pool {res.pool_path}")
     print(f"  records: {s['rows_in']} read, {s['rows_accepted']} accepted, {s['rows_quarantined']} quarantined"
           + (f" (see {res.quarantine_path})" if s["rows_quarantined"] else ""))
+    if s["duplicate_request_ids"]:
+        print(f"  duplicate request ids: {s['duplicate_request_ids']} repeats quarantined (the first record of each kept)")
     for reason, n in list(s["quarantine_reasons"].items())[:5]:
         print(f"    {n} x {reason}")
     print(f"  redactions: {red}")

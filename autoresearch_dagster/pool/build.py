@@ -5,6 +5,9 @@ tokens come from ``tokens.render_prompt`` + the counter (exact with a tokenizer 
 hashes from ``tokens.block_hashes(text, 64)``. Large logs go through worker processes in bounded
 batches (a few batches in flight, so memory stays bounded). Token traces: prompts are synthesized
 from a block table keyed by hash id (``pool.block_text_for``), rows written in column batches.
+Before that window, in file order: prompts that do not fit the model's context (``context_length``)
+are quarantined, then timestamp outliers and records past the timeline's span or gap limits
+(``logs.TimelineGate``), then repeats of a request id already accepted (the first one is kept).
 Records are put in timestamp order through a bounded reorder window; later ones are quarantined.
 The pool directory is built in a temp dir and moved into place only when everything succeeded.
 """
@@ -26,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 
 from autoresearch_dagster.pool.fidelity import FidelityThresholds, compare, ks_check, token_change_check
-from autoresearch_dagster.logs import (MOONCAKE_BLOCK_TOKENS, LogRecord, LogSource, Rejected, ReorderWindow, TraceChunk,
-                                      open_log)
+from autoresearch_dagster.logs import (MOONCAKE_BLOCK_TOKENS, LogRecord, LogSource, Rejected, ReorderWindow,
+                                      TimelineGate, TimelineLimits, TraceChunk, open_log)
 from autoresearch_dagster.pool.schema import (POOL_SCHEMA, SPLIT_TRAINING_PERCENT, PoolWriter, assemble_trace_text,
                                               block_text_for, mix64_np, split_for)
 from autoresearch_dagster.pool.chat import CHAT_BLOCK_TOKENS, init_worker, process_chat_batch
@@ -163,6 +166,23 @@ class _TraceRows:
         return check
 
 
+def context_reason(prompt_tokens: int, context_length: int) -> str:
+    return (f"prompt longer than the model's context: {prompt_tokens} tokens, the context holds {context_length} "
+            "(prompt and at least one output token)")
+
+
+def _fit_context(ch: TraceChunk, context_length: int | None, reject: Callable[[Rejected], None]) -> TraceChunk:
+    """The chunk's rows whose prompts fit the context; the others quarantined."""
+    if context_length is None:
+        return ch
+    over = ch.n_in >= context_length
+    if not over.any():
+        return ch
+    for i in np.flatnonzero(over).tolist():
+        reject(Rejected(int(ch.line[i]), context_reason(int(ch.n_in[i]), context_length), int(ch.nbytes[i])))
+    return ch.select(~over)
+
+
 def _chunk_records(ch: TraceChunk) -> list[LogRecord]:
     o = ch.hash_offsets
     return [LogRecord(line=int(ch.line[i]), timestamp_s=float(ch.ts[i]), kind="trace", nbytes=int(ch.nbytes[i]),
@@ -243,11 +263,14 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
                key: bytes | None = None, tokenizer_path: str | None = None,
                thresholds: FidelityThresholds | None = None, max_records: int | None = None,
                workers: int | None = None, reorder_window_s: float = 60.0, bulk: bool = True,
+               context_length: int | None = None, timeline: TimelineLimits | None = None,
                _fail_after: int | None = None) -> BuildResult:
     """Build ``out_dir`` (replay_pool.parquet, blocks.parquet for traces, fidelity/summary/quarantine files).
 
-    Raises SpecError (nothing written) when the input is unusable. ``bulk=False`` reads traces line
-    by line only (same result, slower). ``_fail_after`` makes the build raise after that many
+    ``context_length``: the served model's context in tokens; a prompt that leaves no room for an
+    output token is quarantined (None: no check). ``timeline``: the span and gap limits (default
+    ``TimelineLimits()``). Raises SpecError (nothing written) when the input is unusable.
+    ``bulk=False`` reads traces line by line only (same result, slower). ``_fail_after`` makes the build raise after that many
     accepted rows (tests of the atomic write use it).
     """
     t0 = time.perf_counter()
@@ -261,6 +284,9 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
                         ", ".join(f"{s.path.name}={s.format}" for s in sources))
     kind = kinds.pop()
     thresholds = thresholds or FidelityThresholds()
+    timeline = timeline or TimelineLimits()
+    if context_length is not None and context_length < 2:
+        raise SpecError(f"context length must be at least 2 tokens, got {context_length}")
     key, key_source = _resolve_key(key)
     counter_name, _ = get_counter(tokenizer_path)
     out_dir = Path(out_dir)
@@ -288,6 +314,9 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
     out_sources: Counter = Counter()
     splits: Counter = Counter()
     t_first: float | None = None
+    span = [0.0]  # the pool's timeline: the last arrival offset
+    first_line: dict[int, int] = {}  # accepted request id (its keyed hash) -> line of its first record
+    duplicates = 0
 
     def reject(r: Rejected) -> None:
         rejected.append(r.to_json())
@@ -308,6 +337,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             ts = row["arrival_s"]
             t_first = ts if t_first is None else t_first
             row["arrival_s"] = offset = round(ts - t_first, 6)
+            span[0] = max(span[0], offset)
             latency, n_out, n_pool = row["source_latency_s"], row["output_tokens"], row["prompt_tokens"]
             source_stats.add(ts, src["prompt_tokens"], n_out,
                              row["block_hashes"] if src["hashes"] is None else src["hashes"], latency)
@@ -325,6 +355,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             nonlocal t_first, src_tokens_total, pool_tokens_total
             t_first = float(ch.ts[0]) if t_first is None else t_first
             offsets = np.round(ch.ts - t_first, 6)
+            span[0] = max(span[0], float(offsets.max()))
             training = _trace_training(ch)
             unique = np.unique(ch.hash_values)
             source_stats.add_many(ch.ts, ch.n_in, ch.n_out, ch.hash_values, unique)
@@ -341,32 +372,63 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             count_accepted(len(ch))
 
         if kind == "chat":
+            def admit_chat(item: tuple[dict, dict], _keep: None) -> None:
+                nonlocal duplicates
+                row, src = item
+                if row["id"].startswith("r-"):  # a logged request id (keyed hash); "line-N" ids are unique
+                    rid = int(row["id"][2:], 16)
+                    if rid in first_line:
+                        duplicates += 1
+                        reject(Rejected(src["line"], f"duplicate request id: first seen on line {first_line[rid]}",
+                                        src["nbytes"]))
+                        return
+                    first_line[rid] = src["line"]
+                for out in window.push(row["arrival_s"], src["line"], src["nbytes"], item):
+                    if isinstance(out, Rejected):
+                        reject(out)
+                    else:
+                        emit_chat(out)
+
+            gate = TimelineGate(timeline, admit_chat, reject)
             for item in _chat_results(sources, key, tokenizer_path, workers, max_records, redactions):
                 rows_in += 1
                 if isinstance(item, Rejected):
                     reject(item)
                     continue
-                for out in window.push(item[0]["arrival_s"], item[1]["line"], item[1]["nbytes"], item):
-                    if isinstance(out, Rejected):
-                        reject(out)
-                    else:
-                        emit_chat(out)
+                row, src = item
+                if context_length is not None and row["prompt_tokens"] >= context_length:
+                    reject(Rejected(src["line"], context_reason(row["prompt_tokens"], context_length), src["nbytes"]))
+                    continue
+                gate.push_one(row["arrival_s"], src["line"], src["nbytes"], item)
+            gate.finish()
             for out in window.drain():
                 emit_chat(out)
         else:
             order = _TraceOrder(window, emit_trace, reject)
+
+            def admit_trace(item: TraceChunk | LogRecord, keep: np.ndarray | None) -> None:
+                if isinstance(item, TraceChunk):
+                    order.push_chunk(item if keep is None else item.select(keep))
+                else:
+                    order.push_record(item)
+
+            gate = TimelineGate(timeline, admit_trace, reject)
             n_read = [0]
             for src in sources:
                 for batch in _batches(src, max_records, n_read, TRACE_BATCH_LINES):
                     rows_in += len(batch)
                     chunk, rest = src.parse_bulk(batch, block_tokens) if bulk else (None, [src.parse(n, r) for n, r in batch])
                     if chunk is not None:
-                        order.push_chunk(chunk)
+                        chunk = _fit_context(chunk, context_length, reject)
+                        gate.push_many(chunk.ts, chunk.line, chunk.nbytes, chunk)
                     for r in rest:
                         if isinstance(r, Rejected):
                             reject(r)
+                        elif context_length is not None and r.input_length >= context_length:
+                            reject(Rejected(r.line, context_reason(r.input_length, context_length), r.nbytes))
                         else:
-                            order.push_record(r)
+                            gate.push_one(r.timestamp_s, r.line, r.nbytes, r)
+            gate.finish()
             order.finish()
 
         if accepted == 0:
@@ -396,6 +458,8 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             "prompt_token_change": (pool_tokens_total - src_tokens_total) / src_tokens_total if src_tokens_total else 0.0,
             "output_tokens_source": dict(out_sources), "splits": dict(splits), "token_counter": counter_name,
             "block_tokens": block_tokens, "fidelity_passed": fidelity["passed"], "workers": workers,
+            "duplicate_request_ids": duplicates, "context_length": context_length,
+            "timeline": {"span_s": span[0], "max_span_s": timeline.max_span_s, "max_gap_s": timeline.max_gap_s},
         }
         if summary["rows_in"] != summary["rows_accepted"] + summary["rows_quarantined"]:
             raise RuntimeError(f"record counts do not reconcile: {summary}")

@@ -16,6 +16,7 @@ import json
 from array import array
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from autoresearch_dagster.spec import SpecError
 from autoresearch_dagster.tokens import synth_text
 
 POOL_FILE = "replay_pool.parquet"
@@ -281,17 +283,71 @@ class _ContentHash:
         return h.hexdigest()
 
 
+# what a pool directory holds (its home adds source.json): anything else in a directory means it is not a pool
+_POOL_FILES = {POOL_FILE, BLOCKS_FILE, "fidelity.json", "quarantine.jsonl", "summary.json", "source.json"}
+DIR_MODE, FILE_MODE = 0o755, 0o644  # a pool is readable by the group and others (mkdtemp makes 0700)
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _owner_gone(name: str) -> bool:
+    """Whether the build that made temp dir ``name`` (``….<kind>-<host>-<pid>-…``) is no longer running here."""
+    parts = name.rsplit("-", 3)
+    if len(parts) != 4 or parts[1] != _HOST or not parts[2].isdigit():
+        return False  # another host's build, or not ours to judge
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, owned by another user
+        return False
+    return False
+
+
+def sweep_stale(out_dir: Path) -> list[Path]:
+    """Remove what killed builds of ``out_dir`` left beside it; a previous pool parked mid-swap is put back.
+
+    A build's temp dir is named ``.NAME.tmp-HOST-PID-…`` and its parked previous pool
+    ``.NAME.old-HOST-PID-…``, so a later build on the same host can tell that the process is gone
+    (SIGKILL, a crash of the machine); the temp dirs of a live build are left alone."""
+    removed = []
+    if not out_dir.parent.is_dir():
+        return removed
+    for kind in ("old", "tmp"):  # parked pools first: put back before anything is deleted
+        for d in sorted(out_dir.parent.glob(f".{out_dir.name}.{kind}-{_HOST}-*")):
+            if not d.is_dir() or not _owner_gone(d.name):
+                continue
+            parked = d / out_dir.name
+            if kind == "old" and parked.is_dir() and not out_dir.exists():
+                os.replace(parked, out_dir)
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
 class PoolWriter:
     """Streams rows into a temp dir beside ``out_dir``; ``commit`` swaps it in with ``os.replace``.
 
     Until ``commit`` nothing exists at ``out_dir`` that was not there before; ``abort`` (or an
-    exception inside a ``with`` block) removes the temp dir, so a failed build leaves no pool.
+    exception inside a ``with`` block, SIGTERM included through the CLI) removes the temp dir, so a
+    failed build leaves no pool; what a killed build left is swept by the next one (``sweep_stale``).
+    The pool directory gets mode 0755 and its files 0644.
     """
 
     def __init__(self, out_dir: str | Path, *, row_group_rows: int = 65536):
         self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise SpecError(f"pool directory {self.out_dir} is a file; give a directory (it is created when missing)")
+        if self.out_dir.is_dir() and any(f.name not in _POOL_FILES for f in self.out_dir.iterdir()) \
+                and not (self.out_dir / POOL_FILE).exists():
+            # the swap replaces the whole directory: never one that holds something else
+            raise SpecError(f"pool directory {self.out_dir} holds files but no replay pool; it would be replaced "
+                            "whole: give a new or empty directory")
+        if self.out_dir.parent.exists() and not self.out_dir.parent.is_dir():
+            raise SpecError(f"{self.out_dir.parent} is a file, not a directory for the pool {self.out_dir.name}")
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tmp-", dir=self.out_dir.parent))
+        sweep_stale(self.out_dir)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tmp-{_HOST}-{os.getpid()}-",
+                                         dir=self.out_dir.parent))
         self._rows: list[dict] = []
         self._tables: list[pa.Table] = []
         self._table_rows = 0
@@ -383,9 +439,12 @@ class PoolWriter:
                     chunk = ids[i:i + 65536]
                     phr = pa.FixedSizeListArray.from_arrays(pa.array(block_phrase_ids(chunk, block_tokens).ravel()), k)
                     bw.write_table(pa.Table.from_arrays([pa.array(chunk), phr], schema=schema))
+        os.chmod(self.tmp, DIR_MODE)
+        for f in self.tmp.iterdir():
+            os.chmod(f, FILE_MODE)
         final = self.out_dir
         if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-{_HOST}-{os.getpid()}-", dir=final.parent))
             os.replace(final, old / final.name)
             os.replace(self.tmp, final)
             shutil.rmtree(old, ignore_errors=True)
@@ -488,7 +547,12 @@ def read_pool(path: str | Path) -> ReplayPool:
     file = p / POOL_FILE if p.is_dir() else p
     if not file.exists():
         raise FileNotFoundError(f"no replay pool at {file}")
-    table = pq.read_table(file)
-    raw = (pq.read_metadata(file).metadata or {}).get(META_KEY)
+    if not file.is_file():
+        raise FileNotFoundError(f"no replay pool at {file} (a directory, not a Parquet file)")
+    try:
+        table = pq.read_table(file)
+        raw = (pq.read_metadata(file).metadata or {}).get(META_KEY)
+    except pa.ArrowInvalid as e:
+        raise SpecError(f"{file} is not a replay pool (not a readable Parquet file: {e})") from None
     meta = json.loads(raw) if raw else {}
     return ReplayPool(file, table, meta)
