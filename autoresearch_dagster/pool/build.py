@@ -34,6 +34,7 @@ from autoresearch_dagster.logs import (MOONCAKE_BLOCK_TOKENS, LogRecord, LogSour
 from autoresearch_dagster.pool.schema import (POOL_SCHEMA, SPLIT_TRAINING_PERCENT, PoolWriter, assemble_trace_text,
                                               block_text_for, mix64_np, split_for)
 from autoresearch_dagster.pool.chat import CHAT_BLOCK_TOKENS, init_worker, process_chat_batch
+from autoresearch_dagster.pool.production import PRODUCTION_FILE, ProductionLog
 from autoresearch_dagster.pool.redact import KEY_ENV
 from autoresearch_dagster.pool.workload import WorkloadStats
 from autoresearch_dagster.spec import SpecError
@@ -265,7 +266,8 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
                workers: int | None = None, reorder_window_s: float = 60.0, bulk: bool = True,
                context_length: int | None = None, timeline: TimelineLimits | None = None,
                _fail_after: int | None = None) -> BuildResult:
-    """Build ``out_dir`` (replay_pool.parquet, blocks.parquet for traces, fidelity/summary/quarantine files).
+    """Build ``out_dir`` (replay_pool.parquet, blocks.parquet for traces, fidelity/summary/quarantine files,
+    production.parquet: what production did, request by request, ``pool.production``).
 
     ``context_length``: the served model's context in tokens; a prompt that leaves no room for an
     output token is quarantined (None: no check). ``timeline``: the span and gap limits (default
@@ -303,6 +305,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
     source_stats = WorkloadStats(block_tokens=block_tokens, windows=windows)
     pool_stats = WorkloadStats(block_tokens=block_tokens, windows=windows)
     serving = WorkloadStats(block_tokens=block_tokens, windows=())  # the serving split, for its prompt-length KS check
+    production = ProductionLog()  # what production did, request by request (replay-vs-production fidelity)
     if kind == "trace":
         pool_stats.cache = source_stats.cache  # the pool's block_hashes are the source's hash ids, verbatim
     rejected: list[dict] = []
@@ -344,6 +347,9 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             pool_stats.add(offset, n_pool, n_out, row["block_hashes"], latency)
             if row["split"] == "serving":
                 serving.add(offset, n_pool, n_out)
+            logged = src["usage_prompt_tokens"]
+            production.add(offset, latency, src["prompt_tokens"] if logged is None else logged, n_out,
+                           src["cached_tokens"])
             writer.add_row(row)
             src_tokens_total += src["prompt_tokens"]
             pool_tokens_total += n_pool
@@ -362,6 +368,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
             pool_stats.add_many(offsets, ch.n_in, ch.n_out)  # shares the source's prefix cache (same ids)
             serve = ~training
             serving.add_many(offsets[serve], ch.n_in[serve], ch.n_out[serve])
+            production.add_many(offsets, ch.n_in, ch.n_out)
             trace_rows.add(ch, offsets, training, unique)
             total = int(ch.n_in.sum())
             src_tokens_total += total
@@ -471,6 +478,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
         summary["content_hash"] = writer.content_hash(block_tokens)
         summary["build_seconds"] = round(time.perf_counter() - t0, 3)
         writer.write_file("fidelity.json", json.dumps(fidelity, indent=2, default=float))
+        writer.write_file(PRODUCTION_FILE, production.to_parquet())
         writer.write_file("quarantine.jsonl", "".join(json.dumps(r) + "\n" for r in rejected))
         writer.write_file("summary.json", json.dumps(summary, indent=2))
         pool_path = writer.commit(meta)

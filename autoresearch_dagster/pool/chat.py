@@ -56,7 +56,8 @@ def process_chat_record(rec: LogRecord, redactor: Redactor, counter: Callable[[s
                         key: bytes) -> tuple[PoolRequest, dict]:
     """Redact one record and derive its pool request; ``counter`` None means the approx counter.
 
-    Also returns the source-side statistics computed on the text before redaction.
+    Also returns the source-side statistics computed on the text before redaction, and what the log
+    says production reported (usage prompt and cached tokens).
     """
     orig_text = render_prompt(rec.messages, rec.tools, rec.prompt)
     messages = redactor.redact_messages(rec.messages) if rec.messages is not None else None
@@ -89,7 +90,8 @@ def process_chat_record(rec: LogRecord, redactor: Redactor, counter: Callable[[s
         source_latency_s=rec.latency_s)
     # source hashes travel only when redaction changed them (most requests: same list as the row's)
     return req, {"prompt_tokens": src_tokens, "hashes": None if src_hashes is hashes else src_hashes,
-                 "line": rec.line, "nbytes": rec.nbytes}
+                 "line": rec.line, "nbytes": rec.nbytes, "usage_prompt_tokens": rec.usage_prompt_tokens,
+                 "cached_tokens": rec.cached_tokens}
 
 
 _worker: dict[str, Any] = {}

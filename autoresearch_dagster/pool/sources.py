@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 from autoresearch_dagster.outputs.files import write_json
 from autoresearch_dagster.pool.build import build_pool
+from autoresearch_dagster.pool.production import PRODUCTION_FILE
 from autoresearch_dagster.pool.redact import KEY_ENV
 from autoresearch_dagster.pool.schema import SCHEMA_VERSION, ReplayPool, read_pool
 
@@ -76,7 +77,8 @@ def ensure_pool(files: list[Path], endpoint: str, home: Path, *, fmt: str, key: 
     home = Path(home)
     source = pool_source(files, fmt, tokenizer_path)
     stamp = home / SOURCE_FILE
-    if key is None and not os.environ.get(KEY_ENV) and stamp.exists():
+    # a pool built before production timelines were kept (pool.production) is rebuilt
+    if key is None and not os.environ.get(KEY_ENV) and stamp.exists() and (home / PRODUCTION_FILE).exists():
         try:
             if json.loads(stamp.read_text()) == source:
                 pool = read_pool(home)
