@@ -117,6 +117,10 @@ TABLES: dict[str, pa.Schema] = {
                                 ("best_config_json", _S), ("review_path", _S), ("finished_at", _TS)),
     "approvals": _schema(("approval_id", _S), ("campaign_id", _S), ("config_hash", _S), ("decision", _S),
                          ("who", _S), ("note", _S), ("review_path", _S), ("run_id", _S), ("recorded_at", _TS)),
+    "production_fidelity": _schema(("check_id", _S), ("pool_hash", _S), ("config_hash", _S),
+                                   ("engine_version", _S), ("property", _S), ("unit", _S), ("production", _F),
+                                   ("replay", _F), ("drift", _F), ("drift_limit", _F), ("passed", _B), ("skipped", _S),
+                                   ("recorded_at", _TS)),
 }
 
 TABLE_OWNERS = ({t: "autoresearch_dagster.experiments.runs" for t in ("runs", "load_steps", "requests_summary")}
@@ -125,7 +129,8 @@ TABLE_OWNERS = ({t: "autoresearch_dagster.experiments.runs" for t in ("runs", "l
                 | {t: "autoresearch_dagster.experiments.experiment" for t in ("experiments", "verdicts")}
                 | {"noise": "autoresearch_dagster.experiments.noise", "findings": "autoresearch_dagster.memory"}
                | {t: "autoresearch_dagster.campaign.loop" for t in ("proposals", "predictions", "campaign_results")}
-               | {"approvals": "autoresearch_dagster.campaign.review"})
+               | {"approvals": "autoresearch_dagster.campaign.review",
+                  "production_fidelity": "autoresearch_dagster.experiments.production_replay"})
 
 # Question views: analysts' common questions, defined over the table views. The interp columns use
 # a run's search capacity where it had no SLA crossing to interpolate, as verdicts do (RunRecord.value).

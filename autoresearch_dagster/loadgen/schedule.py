@@ -9,6 +9,8 @@ server-side arrival log can be checked against it exactly.
   burstier than Poisson, > 1 smoother, 1 is Poisson).
 - ``shape_offsets``: the production shape of a pool: per-interval request counts from its arrival
   timestamps, replayed ``speedup`` times faster, each send time drawn uniformly inside its interval.
+- ``recorded_offsets``: the pool's own arrival times, as production sent them (the replay-vs-production
+  check replays these).
 - ``build_schedule``: pool requests → ``ScheduledRequest`` with the body rebuilt faithfully
   (messages/prompt, tools, tool_choice, response_format, sampling) and the output length pinned.
 """
@@ -99,6 +101,19 @@ def shape_offsets(pool: Any, *, speedup: float, interval_s: float, seed: int) ->
     rng = np.random.default_rng(seed)
     original = (interval_idx + rng.random(len(reqs))) * interval_s
     return (original / speedup).tolist()
+
+
+def recorded_offsets(pool: Any) -> list[float]:
+    """The requests' own arrival times, from the first one: production's timing, as recorded.
+
+    ``offsets[i]`` belongs to the i-th request of ``pool.iter_requests("serving")`` (a replay at
+    production speed; ``shape_offsets`` redraws each time inside its interval instead).
+    """
+    reqs = _serving(pool)
+    if not reqs:
+        raise ValueError("the pool has no serving requests to replay")
+    arrivals = np.asarray([float(r.arrival_s) for r in reqs])
+    return (arrivals - arrivals.min()).tolist()
 
 
 def request_body(req: Any, *, model: str, pin_output: bool = True, ignore_eos: bool = True) -> dict[str, Any]:
