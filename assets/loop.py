@@ -1,10 +1,12 @@
-"""Owns the loop assets: confirmed_baseline (root), noise_baseline, diagnostic_report, proposals,
+"""Owns the loop assets: confirmed_baseline (root), noise_baseline (with the blocking replay_vs_production
+check: the pool replayed on the production config against what production did), diagnostic_report, proposals,
 experiment_results (one step per experiment, each taking a slot of the ``gpu`` concurrency pool; the
 blocking correctness_gate check), promotion_decision and campaign_report. Thin: each steps the core's
 ``CampaignRunner`` once and attaches metadata; the campaign's state, rounds, traces and review package
 live in the artifact store, rows in the results lake. The back edges (promotion, the next round, the
 report at the end) are sensors, not dependencies."""
 import json
+import math
 from typing import Any
 
 import dagster as dg
@@ -118,6 +120,51 @@ def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry
                   "capacities": dg.MetadataValue.json(n["capacities"]), "engine_version": str(n["engine_version"]),
                   "replicated": bool(rep["replicated"]) if rep else True, "era": era.index,
                   "report": dg.MetadataValue.md(md), "plot": dg.MetadataValue.path(str(plot))})
+
+
+@dg.asset_check(asset=noise_baseline, blocking=True, partitions_def=endpoints,
+                # requested with noise_baseline, so a tick can request what is below it in the same run
+                automation_condition=dg.AutomationCondition.any_deps_updated(),
+                description="The pool replays as production ran: the production config replays it at production "
+                            "speed, and the engine's cached-input tokens, in-flight requests over time, arrival "
+                            "timing and token lengths after redaction match what the log says production did. A "
+                            "failure names each property that drifted and by how much; no candidate is compared "
+                            "against a baseline measured on an unfaithful pool.")
+def replay_vs_production(context: dg.AssetCheckExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
+                         settings: MeasurementSettings, store: ArtifactStore,
+                         lake: ResultsLakeResource) -> dg.AssetCheckResult:
+    from autoresearch_dagster.experiments.production_replay import replay_production
+    from autoresearch_dagster.pool.production import read_production
+    from autoresearch_dagster.pool.production_fidelity import format_report
+    from autoresearch_dagster.pool.schema import read_pool
+
+    name = context.partition_key
+    spec = registry.load(name)
+    results = lake.lake()
+    home = results.pool_dir(name)
+    try:
+        production = read_production(home)
+    except FileNotFoundError as e:
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR, description=str(e))
+    run = replay_production(spec, read_pool(home), production, engine=engines.make(spec), seed=settings.seed,
+                            request_timeout_s=settings.request_timeout_s)
+    report = run.report
+    path = run.save(store.dir(name, "noise_baseline"))
+    results.append_rows(run.lake_rows(), endpoint=name)
+    text = format_report(report)
+    context.log.info(text)
+    failed = [c for c in report["checks"] if not c["passed"]]
+    metadata: dict[str, Any] = {"report": dg.MetadataValue.md(f"```\n{text}\n```"), "n_failed": len(failed),
+                                "checks": dg.MetadataValue.json(json_safe(report["checks"])),
+                                "path": dg.MetadataValue.path(str(path)), "config_hash": report["config_hash"]}
+    for c in report["checks"]:
+        if c["drift"] is not None and math.isfinite(c["drift"]):
+            metadata[f"drift/{c['name']}"] = float(c["drift"])
+    return dg.AssetCheckResult(
+        passed=not failed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
+        description=("drifted from production: " + "; ".join(report["failures"]) if failed else
+                     f"the replay matches production on {sum(1 for c in report['checks'] if not c.get('skipped'))} "
+                     "properties (cached tokens, concurrency, arrivals, token lengths)"))
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json", "markdown"}, automation_condition=EAGER,

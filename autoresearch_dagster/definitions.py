@@ -26,6 +26,7 @@ from assets.loop import (  # noqa: E402
     noise_baseline,
     promotion_decision,
     proposals,
+    replay_vs_production,
 )
 from assets.pool import replay_fidelity, replay_pool  # noqa: E402
 from resources import (  # noqa: E402
@@ -71,7 +72,7 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
         tokenizer_path=os.environ.get("AUTORESEARCH_TOKENIZER"))
     return dg.Definitions(
         assets=ASSETS,
-        asset_checks=[replay_fidelity, correctness_gate],
+        asset_checks=[replay_fidelity, replay_vs_production, correctness_gate],
         # the automation sensor observes engine_version on its cron; this job does it on demand
         jobs=[dg.define_asset_job(OBSERVE_ENGINE_JOB, selection=dg.AssetSelection.assets("engine_version")),
               approve_production],

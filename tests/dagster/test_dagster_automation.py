@@ -62,11 +62,13 @@ class Ticker:
         self.cursor = res.cursor
         return requested(res)
 
-    def run(self, keys, *, gate_passed=True):
+    def run(self, keys, *, gate_passed=True, replay_passed=True):
         for key in ["noise_baseline", "diagnostic_report", "proposals", "experiment_results",
                     "promotion_decision"]:
             if key in keys:
                 mat(self.instance, key)
+                if key == "noise_baseline":
+                    check(self.instance, "noise_baseline", "replay_vs_production", replay_passed)
                 if key == "experiment_results":
                     check(self.instance, "experiment_results", "correctness_gate", gate_passed)
 
@@ -128,6 +130,22 @@ def test_failed_fidelity_blocks_downstream_and_engine_bump_reruns_diagnosis(inst
     got = t.tick()
     assert {"noise_baseline", "diagnostic_report"} <= got
     assert not {"confirmed_baseline", "replay_pool"} & got
+
+
+def test_a_replay_that_drifted_from_production_stops_the_candidates_until_the_pool_is_rebuilt(instance):
+    t = seed(instance)
+    mat(instance, "confirmed_baseline")  # a promotion: one run from the noise floor down
+    got = t.tick()
+    assert {"noise_baseline", "diagnostic_report", "proposals"} <= got
+    t.run({"noise_baseline"}, replay_passed=False)  # the check fails: the run skips everything below
+    assert t.tick() == set() and t.tick() == set()  # no candidate is compared on this pool
+    mat(instance, "replay_pool")  # new logs: a rebuilt pool, faithful again
+    check(instance, "replay_pool", "replay_fidelity", True)
+    got = t.tick()
+    assert {"noise_baseline", "diagnostic_report", "proposals"} <= got
+    t.run(got)
+    t.run(t.tick())
+    assert t.tick() == set()
 
 
 def test_engine_version_is_observed_on_its_cron(instance):

@@ -36,6 +36,7 @@ def test_blocking_checks_exist():
     graph = defs.resolve_asset_graph()
     checks = {(k.asset_key.to_user_string(), k.name): graph.get(k).blocking for k in graph.asset_check_keys}
     assert checks[("replay_pool", "replay_fidelity")] is True
+    assert checks[("noise_baseline", "replay_vs_production")] is True
     assert checks[("experiment_results", "correctness_gate")] is True
 
 
