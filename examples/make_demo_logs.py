@@ -1,7 +1,8 @@
 """Generates the demo endpoint's sample logs and the public-format trace samples (deterministic, seeded).
 
 Outputs (committed): examples/logs/demo_chat.jsonl (OpenAI chat-completions request logs, nested
-shape, with planted fake PII of every detected type), examples/logs/bad_records.jsonl (the
+shape, with planted fake PII of every detected type, and what the production server reported:
+usage with cached tokens, TTFT and latency, see ``production_fields``), examples/logs/bad_records.jsonl (the
 quarantine demo), examples/traces/{mooncake_sample.jsonl, azure_sample.csv, burstgpt_sample.csv}.
 
 Usage: python examples/make_demo_logs.py [--out-dir examples] [--requests 1600] [--seed 7]
@@ -12,11 +13,26 @@ import argparse
 import json
 import math
 import random
+from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
+
+from autoresearch_dagster.tokens import block_hashes, count_tokens, render_prompt
+
 BASE_TIME = datetime(2026, 3, 2, 9, 0, 0, tzinfo=timezone.utc)
 MODEL = "gemma-moe-26b-a4b"
+# The production server (production_fields): its KV pool in tokens (max_total_num_tokens of the demo
+# endpoint's config), radix-cache page size, and service times at the logged rate.
+KV_TOKENS = 348_713
+PAGE_TOKENS = 16
+TTFT_BASE_MS = 17.0
+TTFT_MS_PER_TOKEN = 0.0069
+TTFT_TAIL_MS = 3.0
+TPOT_BASE_MS = 4.14
+TPOT_MS_PER_REQUEST = 0.66  # each other request in flight
+TPOT_SIGMA = 0.076
 
 _PROSE = (
     "the service should keep latency low while the batch grows and each request waits in the queue "
@@ -206,17 +222,14 @@ def make_demo_chat(n_requests: int, seed: int, duration_s: float = 900.0) -> lis
             if use_schema:
                 body["response_format"] = _SCHEMA
             prompt_chars = sum(len(json.dumps(m)) for m in messages)
-            ttft_ms = 40 + prompt_chars * 0.004 + rng.expovariate(1 / 30)
-            latency_ms = ttft_ms + completion * rng.uniform(12, 22)
+            # the user's pause before the next turn: the answer arriving at their client's pace, then reading
+            pause_s = (40 + prompt_chars * 0.004 + rng.expovariate(1 / 30) + completion * rng.uniform(12, 22)) / 1000
             records.append({
                 "timestamp": (BASE_TIME + timedelta(seconds=ts)).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
                 "request_id": f"req-{len(records):06d}", "conversation_id": conv_id,
                 "request": body,
                 "response": {"id": f"chatcmpl-{len(records):06d}", "finish_reason": "stop" if not long_out else "length",
-                             "usage": {"prompt_tokens": int(prompt_chars / 4.2), "completion_tokens": completion,
-                                       "total_tokens": int(prompt_chars / 4.2) + completion,
-                                       "prompt_tokens_details": {"cached_tokens": 0}}},
-                "timings": {"ttft_ms": round(ttft_ms, 1), "latency_ms": round(latency_ms, 1)},
+                             "usage": {"completion_tokens": completion}},  # the rest: production_fields
             })
             if len(records) >= n_requests:
                 break
@@ -231,9 +244,71 @@ def make_demo_chat(n_requests: int, seed: int, duration_s: float = 900.0) -> lis
                                  "content": json.dumps({"status": "shipped", "items": rng.randint(1, 5)})})
             else:
                 messages.append({"role": "assistant", "content": prose(rng, min(completion, 90))})
-            ts += latency_ms / 1000 + rng.uniform(5, 60)
+            ts += pause_s + rng.uniform(5, 60)
     records.sort(key=lambda r: r["timestamp"])
+    production_fields(records, seed)
     return records
+
+
+def production_fields(records: list[dict], seed: int) -> None:
+    """Add what the production server reported, in arrival order: usage (prompt, total and cached tokens)
+    and timings (TTFT, latency). The server is the demo endpoint's (gemma-moe-26b-a4b on one H200,
+    SGLang's defaults), modelled:
+
+    - prompt tokens: the model's tokenizer on the rendered chat (the project's approx counter stands
+      in for it, as it does for the emulated model);
+    - cached tokens: SGLang's radix prefix cache over prompt tokens in pages of ``PAGE_TOKENS``,
+      least recently used pages evicted beyond the server's KV capacity. A prompt matches the pages
+      earlier prompts left, never generated tokens: this client re-renders the assistant turns (the
+      logged reply is not the generated text), so a conversation's next turn reuses its previous
+      prompt, and conversations share their system prompts and documents;
+    - TTFT: a base plus the prefill of the uncached tokens, with a queueing tail; TPOT: a base plus a
+      share for every other request decoding alongside (averaged over the request's life, solved
+      as a fixed point: latencies set the in-flight counts that set latencies), with a per-request
+      jitter. ``TTFT_*``/``TPOT_*`` are the demo server's, fitted once on a replay of this log on
+      the emulated endpoint (TPOT against the other requests in flight: residual 8%).
+    """
+    rng = random.Random(f"production-{seed}")
+    cache: OrderedDict[int, None] = OrderedDict()
+    n_prompt, n_cached = [], []
+    for r in records:
+        body = r["request"]
+        text = render_prompt(body["messages"], body.get("tools"))
+        n = count_tokens(text)
+        pages = block_hashes(text, PAGE_TOKENS)
+        hit = next((i for i, h in enumerate(pages) if h not in cache), len(pages))
+        n_prompt.append(n)
+        n_cached.append(min(hit * PAGE_TOKENS, n - 1))
+        for h in reversed(pages):  # deepest first: a prefix's pages outlive the pages extending it
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) * PAGE_TOKENS > KV_TOKENS:
+            cache.popitem(last=False)
+    start = np.array([datetime.fromisoformat(r["timestamp"]).timestamp() for r in records])
+    start -= start[0]
+    decode = np.array([max(0, r["response"]["usage"]["completion_tokens"] - 1) for r in records])
+    ttft = np.array([TTFT_BASE_MS + TTFT_MS_PER_TOKEN * (n - c) + rng.expovariate(1 / TTFT_TAIL_MS)
+                     for n, c in zip(n_prompt, n_cached)]) / 1000
+    jitter = np.array([rng.lognormvariate(0, TPOT_SIGMA) for _ in records])
+    latency = ttft + decode * TPOT_BASE_MS / 1000
+    for _ in range(20):
+        end = start + latency
+        times = np.concatenate([start, end])
+        order = np.argsort(times, kind="stable")
+        level = np.cumsum(np.where(order < len(start), 1, -1))
+        integral = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times[order]))])
+        others = (np.interp(end, times[order], integral) - np.interp(start, times[order], integral)) / latency - 1
+        latency = ttft + decode * (TPOT_BASE_MS + TPOT_MS_PER_REQUEST * np.maximum(others, 0)) * jitter / 1000
+    ends: dict[str, float] = {}
+    for i, r in enumerate(records):
+        usage = r["response"]["usage"]
+        usage.update({"prompt_tokens": n_prompt[i], "total_tokens": n_prompt[i] + usage["completion_tokens"],
+                      "prompt_tokens_details": {"cached_tokens": n_cached[i]}})
+        r["timings"] = {"ttft_ms": round(1000 * ttft[i], 1), "latency_ms": round(1000 * latency[i], 1)}
+        conv = r["conversation_id"]
+        if start[i] < ends.get(conv, start[i]):
+            raise AssertionError(f"{r['request_id']} arrives before its conversation's previous answer ended")
+        ends[conv] = start[i] + latency[i]
 
 
 def make_bad_records(seed: int) -> bytes:
