@@ -60,8 +60,10 @@ def _latest_storage_id(instance: dg.DagsterInstance, key: str) -> int | None:
 
 
 def _blocking_check_failures(result: dg.ExecuteInProcessResult) -> list[str]:
-    """Names of the blocking checks that failed in a run (Dagster fails the run and skips downstream)."""
+    """The blocking checks that failed in a run (Dagster fails the run and skips downstream), each with
+    what it said."""
     return [f"{e.event_specific_data.asset_key.to_user_string()}: {e.event_specific_data.check_name}"
+            + (f" ({e.event_specific_data.description})" if e.event_specific_data.description else "")
             for e in result.all_events
             if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION and not e.event_specific_data.passed
             and e.event_specific_data.severity == dg.AssetCheckSeverity.ERROR]

@@ -53,6 +53,9 @@ def test_main_job_runs_a_campaign_of_the_systems_own_proposals_to_its_report(pro
     gate = instance.event_log_storage.get_latest_asset_check_execution_by_key(
         [dg.AssetCheckKey(dg.AssetKey("experiment_results"), "correctness_gate")])
     assert all(e.status.value == "SUCCEEDED" for e in gate.values())  # nothing promotable bypassed the gate
+    replay = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [dg.AssetCheckKey(dg.AssetKey("noise_baseline"), "replay_vs_production")])
+    assert replay and all(e.status.value == "SUCCEEDED" for e in replay.values())  # the demo pool replays faithfully
 
     out = project / "out" / "ep1" / "campaign"
     assert (out / "campaign.json").exists() and (out / "review" / "README.md").exists()

@@ -99,3 +99,30 @@ def test_a_pool_built_without_a_production_timeline_fails_and_says_to_rebuild(sm
     result = build_pool_and_check(small_project, instance, drop_production)
     evaluation = check_evaluation(result)
     assert not evaluation.passed and "rebuild" in evaluation.description
+
+
+@pytest.mark.timeout(300)
+def test_the_main_job_stops_before_any_candidate_when_the_replay_drifted(project, tmp_path):
+    """A pool whose prefixes were re-keyed after it was built (reused: its logs are unchanged)."""
+    from jobs.instance import instance as project_instance
+    from jobs.main_job import demo_campaign, run_main_job
+    from autoresearch_dagster.pool.sources import ensure_pool
+    from .test_dagster_loop import SMALL
+
+    logs = [project / "logs" / "chat.jsonl"]
+    home = project / "out" / "lake" / "_pools" / "ep1"
+    ensure_pool(logs, "ep1", home, fmt="auto", say=lambda _m: None)
+    path = home / "replay_pool.parquet"
+    table, meta = pq.read_table(path), pq.read_metadata(path).metadata
+    pq.write_table(_rekeyed_prefixes(table).replace_schema_metadata(meta), path)
+    lines: list[str] = []
+    with pytest.raises(RuntimeError, match="without its report"):
+        run_main_job(project / "endpoints" / "ep1.yaml", out_dir=project / "out", settings=SMALL,
+                     campaign=demo_campaign(budget_experiments=2, deadline_min=None, concurrent_gpus=1),
+                     home=tmp_path / "home", say=lines.append)
+    (stopped,) = [line for line in lines if "round 1" in line and "run " in line]
+    assert "stopped by blocking check noise_baseline: replay_vs_production" in stopped
+    assert "cached_token_ratio drifted: production" in stopped
+    instance = project_instance(tmp_path / "home")
+    for key in ("diagnostic_report", "proposals", "experiment_results", "promotion_decision"):
+        assert not instance.fetch_materializations(dg.AssetKey(key), limit=1).records, key
