@@ -72,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     from autoresearch_dagster.memory import Memory
     from autoresearch_dagster.outputs.console import Ticker
     from autoresearch_dagster.results import open_lake
-    from autoresearch_dagster.spec import CampaignBudget, load_endpoint
+    from pydantic import ValidationError
+
+    from autoresearch_dagster.spec import CampaignBudget, load_endpoint, validation_message
 
     if args.proposer in ("claude", "both") and not os.environ.get("ANTHROPIC_API_KEY"):
         raise SpecError("--proposer claude needs ANTHROPIC_API_KEY in the environment")
@@ -80,12 +82,16 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise SpecError(f"--out {out} is a file, not a directory")
-    budget = CampaignBudget(max_experiments=args.budget_experiments, max_gpu_hours=args.budget_gpu_hours,
-                            max_wall_s=args.deadline_min * 60 if args.deadline_min else None,
-                            max_concurrent_gpus=args.concurrent_gpus)
-    settings = CampaignSettings(proposer=args.proposer, claude_model=args.claude_model,
-                                directions_per_round=args.directions, experiments_per_round=args.experiments_per_round,
-                                search_trials=args.search_trials, confirm=args.confirm, seed=args.seed, budget=budget)
+    try:
+        budget = CampaignBudget(max_experiments=args.budget_experiments, max_gpu_hours=args.budget_gpu_hours,
+                                max_wall_s=args.deadline_min * 60 if args.deadline_min else None,
+                                max_concurrent_gpus=args.concurrent_gpus)
+        settings = CampaignSettings(proposer=args.proposer, claude_model=args.claude_model,
+                                    directions_per_round=args.directions,
+                                    experiments_per_round=args.experiments_per_round, search_trials=args.search_trials,
+                                    confirm=args.confirm, seed=args.seed, budget=budget)
+    except ValidationError as e:
+        raise SpecError(f"campaign settings: {validation_message(e)}") from None
     results = open_lake(args.lake)
     pool = load_pool(endpoint, args, results.pool_dir(endpoint.name))
     engine = make_engine(endpoint, engine=args.engine)

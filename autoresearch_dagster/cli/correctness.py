@@ -63,8 +63,10 @@ def _prompts(args: argparse.Namespace):
 
 
 def _handle_gate(args: argparse.Namespace) -> int:
+    from autoresearch_dagster.cli import check_api_key_env
     from autoresearch_dagster.correctness import GateError, gate
 
+    check_api_key_env(args.api_key_env)
     try:
         res = gate(args.baseline, args.candidate, _prompts(args), model=args.model, top_k=args.top_k,
                    gen_tokens=args.gen_tokens, tolerance=args.tolerance, api_key_env=args.api_key_env,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from autoresearch_dagster.spec import SpecError, load_endpoint, load_server_config
@@ -48,8 +47,6 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise SpecError(f"--port must be between 0 and 65535, got {args.port}")
     endpoint = load_endpoint(args.endpoint)
-    if args.config and not Path(args.config).is_file():
-        raise SpecError(f"config file {args.config} does not exist")
     config = load_server_config(args.config) if args.config else None
     server = EmulatorServer(endpoint, config, seed=args.seed, model_name=args.model_name,
                             noise=NoiseSettings.off() if args.no_noise else None)

@@ -109,6 +109,20 @@ def _target(args: argparse.Namespace):
     return dep, sla, gpus, args.model or spec.model, dep.close
 
 
+def _check_early(args: argparse.Namespace) -> None:
+    """The options that need no pool and no endpoint, checked before anything is read or started."""
+    from autoresearch_dagster.cli import check_api_key_env
+
+    check_api_key_env(args.api_key_env)
+    if args.sla:
+        SLA.parse(args.sla)
+    if args.endpoint:
+        load_endpoint(args.endpoint)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise SpecError(f"--out {out} is a file; it must be a directory (it is created when missing)")
+
+
 def _pool(path: str):
     from autoresearch_dagster.pool.schema import read_pool
     try:
@@ -126,13 +140,14 @@ def _capacity(args: argparse.Namespace) -> int:
     from autoresearch_dagster.outputs import files, plots
     from autoresearch_dagster.outputs.console import ConsoleProgress
 
-    pool = _pool(args.pool)
-    out = Path(args.out)
+    _check_early(args)
     settings = measurement_profile(args.measure).with_overrides(
         step_duration_s=args.step_duration, min_completed=args.min_completed, start_rps=args.start_rps,
         growth=args.growth, resolution=args.resolution, warmup_s=args.warmup, burstiness=args.burstiness,
         max_steps=args.max_steps, request_timeout_s=args.timeout, flush_cache=not args.no_flush,
         hold_e2e_multiple=args.hold_e2e_multiple).capacity
+    pool = _pool(args.pool)
+    out = Path(args.out)
     dep, sla, gpus, model, close = _target(args)
     try:
         result = find_capacity(dep, pool, sla, gpus=gpus, model=model, settings=settings, seed=args.seed,
@@ -159,6 +174,15 @@ def _shape(args: argparse.Namespace) -> int:
     from autoresearch_dagster.outputs import files, plots
     from autoresearch_dagster.outputs.console import ConsoleProgress
 
+    _check_early(args)
+    if args.speedup is not None and not args.speedup > 0:
+        raise SpecError(f"--speedup must be > 0, got {args.speedup}")
+    if not args.interval > 0:
+        raise SpecError(f"--interval must be > 0 seconds, got {args.interval}")
+    if not 0 < args.resolution < 1:
+        raise SpecError(f"--resolution must be between 0 and 1 (relative), got {args.resolution}")
+    if args.max_steps < 1:
+        raise SpecError(f"--max-steps must be at least 1, got {args.max_steps}")
     pool = _pool(args.pool)
     out = Path(args.out)
     dep, sla, gpus, model, close = _target(args)

@@ -49,6 +49,20 @@ class CapacitySettings:
     # far (methods.md §2 asks for 10), so steps near the knee reach their steady state; 0: fixed holds
     hold_e2e_multiple: float = 0.0
 
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise SpecError(f"measurement setting {name} = {getattr(self, name)!r}: it must be {allowed}")
+
+        for name in ("step_duration_s", "start_rps", "burstiness", "request_timeout_s"):
+            need(getattr(self, name) > 0, name, "> 0")
+        for name in ("warmup_s", "hold_e2e_multiple"):
+            need(getattr(self, name) >= 0, name, ">= 0")
+        need(self.growth > 1, "growth", "> 1")
+        need(0 < self.resolution < 1, "resolution", "between 0 and 1 (relative)")
+        need(self.min_completed >= 1, "min_completed", "at least 1")
+        need(self.max_steps >= 1, "max_steps", "at least 1")
+
 
 @dataclass(frozen=True)
 class MeasurementProfile:
