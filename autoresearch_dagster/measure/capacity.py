@@ -29,6 +29,8 @@ from autoresearch_dagster.spec import SLA
 # their budget before confirming anything. With this few steps left, lower passes are confirmed as
 # they are instead of bisecting above them.
 CONFIRM_RESERVE = 3
+# Times the search divides the start by ``growth`` before it concludes that nothing passes (value 0).
+SHRINK_LIMIT = 6
 
 
 def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: float, resolution: float,
@@ -38,7 +40,8 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
     Grows ``start`` by ``growth`` until a probe fails (or shrinks it until one passes), bisects
     until (hi - lo) <= resolution * lo, then re-probes the final pass with ``kind='confirm'``;
     a failed confirmation lowers the bracket and bisection resumes, except within the last
-    ``CONFIRM_RESERVE`` steps, where the next lower pass is confirmed directly. 0.0 when nothing passed.
+    ``CONFIRM_RESERVE`` steps, where the next lower pass is confirmed directly. 0.0 when nothing passed
+    (``no_pass_reason`` tells a search that ran out of steps from one that reached its floor).
     """
     if growth <= 1 or resolution <= 0 or start <= 0:
         raise ValueError("need growth > 1, resolution > 0 and start > 0")
@@ -64,7 +67,7 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
             if lo > 0:
                 break
             x /= growth
-            if x < start / growth ** 6:  # nothing passes even far below the start: capacity ~ 0
+            if x < start / growth ** SHRINK_LIMIT:  # nothing passes even far below the start: capacity ~ 0
                 return 0.0, used
     refuted = False
     while used < max_steps and lo > 0 and hi < math.inf:
@@ -84,6 +87,26 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
         lo = max(below) if below else lo / growth
         passes = [p for p in passes if p < hi]
     return (lo if hi < math.inf or lo > 0 else 0.0), used
+
+
+def no_pass_reason(probed: list[tuple[float, bool]], *, start: float, growth: float, max_steps: int,
+                   unit: str = "req/s") -> tuple[str | None, str | None]:
+    """(invalid reason, caveat) of a search from its (value, passed) probes, when none passed.
+
+    Out of steps before any pass, the search measured nothing: a 0 would read as "this endpoint
+    serves nothing", so the result is invalid with that reason. A search that shrank to its floor
+    (``SHRINK_LIMIT`` divisions of the start) without a pass found that nothing meets the SLA there:
+    its 0 stands, with a caveat naming the lowest value tried.
+    """
+    if not probed:
+        return f"the search ran no step (max_steps {max_steps}): no value was found", None
+    if any(ok for _, ok in probed):
+        return None, None
+    lowest = min(x for x, _ in probed)
+    if lowest <= start / growth ** SHRINK_LIMIT * (1 + 1e-9):
+        return None, f"no step met the SLA, down to {lowest:.4g} {unit} (the search's floor): the value is 0"
+    return (f"the search ran out of its {max_steps} steps before any step met the SLA (lowest tried {lowest:.4g} "
+            f"{unit}; the floor is {start / growth ** SHRINK_LIMIT:.4g}): no value was found"), None
 
 
 # ---------------------------------------------------------------- interpolated capacity
@@ -247,13 +270,16 @@ def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, mod
     reasons = [f"{st.step_id}: {r}" for st in measured for r in st.invalid_reasons]
     if capacity > 0 and not confirmed(measured, capacity):
         reasons.append(f"search stopped after {s.max_steps} steps before confirming a capacity")
+    none_passed, floor_caveat = no_pass_reason([(st.rate_rps, st.passed) for st in measured],
+                                               start=s.start_rps, growth=s.growth, max_steps=s.max_steps)
+    reasons += [none_passed] if none_passed else []
     at_capacity = [o for st, o in zip(steps, outcomes)
                    if st.kind in ("capacity", "confirm") and st.passed and math.isclose(st.rate_rps, capacity)]
-    warning = hold_warning(at_capacity[-1]) if at_capacity else None
+    warnings = [w for w in (hold_warning(at_capacity[-1]) if at_capacity else None, floor_caveat) if w]
     return CapacityResult(capacity_rps=capacity, capacity_rps_per_gpu=capacity / gpus, steps=steps,
                           valid=not reasons, invalid_reasons=reasons, outcomes=outcomes, sla=str(sla),
                           settings=asdict(s), capacity_interp_rps=interpolate_capacity(measured),
-                          warnings=[warning] if warning else [])
+                          warnings=warnings)
 
 
 def linear_ramp_steps(capacity: float, *, start: float, resolution: float) -> int:

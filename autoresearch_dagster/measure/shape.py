@@ -15,7 +15,7 @@ import numpy as np
 from autoresearch_dagster.engines.base import Deployment
 from autoresearch_dagster.loadgen.records import RequestRecord, StepOutcome
 from autoresearch_dagster.loadgen.schedule import interval_counts, shape_offsets
-from autoresearch_dagster.measure.capacity import confirmed, grow_bisect
+from autoresearch_dagster.measure.capacity import confirmed, grow_bisect, no_pass_reason
 from autoresearch_dagster.measure.profiles import REQUEST_TIMEOUT_S
 from autoresearch_dagster.measure.step import LoadStep, good_request, metric_values, run_offsets
 from autoresearch_dagster.spec import SLA
@@ -126,7 +126,8 @@ def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: 
 
     replay_capacity = None
     if search:
-        replay_capacity, _ = grow_bisect(lambda x, kind: replay(x, kind).passed, start=speedup or 1.0,
+        start = speedup or 1.0
+        replay_capacity, _ = grow_bisect(lambda x, kind: replay(x, kind).passed, start=start,
                                          growth=growth, resolution=resolution, max_steps=max_steps)
         chosen = replay_capacity if replay_capacity and replay_capacity in details else None
         if chosen is None:  # nothing passed: report the slowest replay tried
@@ -143,6 +144,10 @@ def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: 
     reasons = [f"{st.step_id}: {r}" for st in steps for r in st.invalid_reasons]
     if search and replay_capacity and not confirmed(steps, replay_capacity):
         reasons.append(f"search stopped after {max_steps} steps before confirming a replay capacity")
+    if search:
+        none_passed, _ = no_pass_reason([(st.rate_rps, st.passed) for st in steps], start=start, growth=growth,
+                                        max_steps=max_steps, unit="x speed-up")
+        reasons += [none_passed] if none_passed else []
     return ShapeResult(speedup=speedup, replay_capacity=replay_capacity, meets_sla=step.meets_sla,
                        intervals=intervals, steps=steps, valid=not reasons, invalid_reasons=reasons,
                        autoscaling=auto, outcomes=outcomes, sla=str(sla))

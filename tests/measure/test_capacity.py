@@ -80,3 +80,31 @@ def test_grow_bisect_keeps_steps_to_confirm_when_the_knee_is_a_coin_toss():
         assert used <= 20
         unconfirmed += last != ["confirm", True]
     assert unconfirmed <= 3  # before the confirmation reserve ~3% of such searches ended unconfirmed
+
+
+def test_a_search_out_of_steps_before_any_pass_is_invalid_not_capacity_0():
+    dep = KneeDeployment(knee=0.01)  # nothing the search tries meets the SLA
+    s = CapacitySettings(step_duration_s=20, min_completed=5, start_rps=8.0, resolution=0.1, warmup_s=0, max_steps=3)
+    res = find_capacity(dep, POOL, SLA_SPEC, gpus=1, model="m", settings=s)
+    assert res.capacity_rps == 0.0 and not res.valid
+    assert res.invalid_reasons == ["the search ran out of its 3 steps before any step met the SLA (lowest tried 2 "
+                                   "req/s; the floor is 0.125): no value was found"]
+    assert res.to_dict()["valid"] is False
+
+
+def test_a_search_that_reaches_its_floor_keeps_its_0_with_a_caveat():
+    dep = KneeDeployment(knee=0.01)
+    s = CapacitySettings(step_duration_s=20, min_completed=5, start_rps=8.0, resolution=0.1, warmup_s=0, max_steps=20)
+    res = find_capacity(dep, POOL, SLA_SPEC, gpus=1, model="m", settings=s)
+    assert res.capacity_rps == 0.0 and res.valid, res.invalid_reasons
+    assert len(res.steps) == 7 and res.warnings == ["no step met the SLA, down to 0.125 req/s (the search's floor): "
+                                                    "the value is 0"]
+
+
+def test_capacity_settings_are_checked_where_they_are_declared():
+    from autoresearch_dagster.spec import SpecError
+
+    for bad in ({"resolution": 0.0}, {"growth": 1.0}, {"max_steps": 0}, {"start_rps": -1.0},
+                {"step_duration_s": float("nan")}):
+        with pytest.raises(SpecError, match=f"measurement setting {next(iter(bad))} = "):
+            CapacitySettings(**bad)
