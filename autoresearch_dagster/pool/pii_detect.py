@@ -2,8 +2,8 @@
 
 - Phone numbers: Google's libphonenumber (``phonenumbers``) matches digit runs in each region's
   national and international formats (``+49 …``, ``0049 …``, ``020 7946 0958``), extensions kept.
-- Checksummed identifiers: ``python-stdnum`` validates IBANs (any case, spaced or not) and national
-  ids (France NIR, Italy codice fiscale, Spain DNI/NIE, Brazil CPF, Netherlands BSN, India Aadhaar,
+- Checksummed identifiers: IBANs by their ISO 7064 mod-97 check (any case, spaced or not);
+  ``python-stdnum`` validates national ids (France NIR, Italy codice fiscale, Spain DNI/NIE, Brazil CPF, Netherlands BSN, India Aadhaar,
   Canada SIN, Germany IdNr, Australia TFN, Ireland PPS); UK National Insurance numbers by their
   published format. Ids whose checksum passes by chance often (1 in 10 or 11) need a cue word nearby.
 - Cue-anchored identifiers: dates of birth, passport and driving-licence numbers follow a cue
@@ -90,7 +90,6 @@ _DVLA = re.compile(r"(?<![A-Za-z0-9])[A-Z9]{5}\d{6}[A-Z9]{2}\d[A-Z]{2}(?![A-Za-z
 
 @functools.lru_cache(maxsize=1)
 def _id_validators():
-    from stdnum import iban as _  # noqa: F401  (import check)
     from stdnum.au import tfn
     from stdnum.br import cpf
     from stdnum.ca import sin
@@ -116,23 +115,21 @@ def _valid_any(mods, value: str) -> bool:
     return False
 
 
-def _mod97(value: str) -> bool:
-    """ISO 7064 mod 97-10 of an IBAN-shaped value whose length the country's registry would refuse:
-    still somebody's account number, mistyped or mis-generated, so still redacted."""
-    from stdnum.iso7064 import mod_97_10
-
-    s = value.replace(" ", "").upper()
-    if not 15 <= len(s) <= 34 or not s.isalnum():
+def iban_valid(iban: str) -> bool:
+    """ISO 7064 mod 97-10 of an IBAN-shaped value, whatever length the country's registry sets (a
+    mistyped or mis-generated account number is still somebody's): what every IBAN detection and the
+    surrogates' "never valid" rule check."""
+    s = iban.replace(" ", "")
+    if not (15 <= len(s) <= 34):
         return False
+    rearranged = s[4:] + s[:4]
     try:
-        return mod_97_10.is_valid("".join(str(int(c, 36)) for c in s[4:] + s[:4]))
-    except Exception:  # noqa: BLE001
+        return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
+    except ValueError:
         return False
 
 
 def id_spans(text: str) -> list[Span]:
-    from stdnum import iban
-
     out: list[Span] = []
     has_digit = any(c.isdigit() for c in text)
     if not has_digit:
@@ -144,7 +141,7 @@ def id_spans(text: str) -> list[Span]:
             if end < len(v) and v[end].isalnum() and v[end - 1].isalnum():
                 continue  # a cut inside a word
             cand = v[:end].rstrip()
-            if iban.is_valid(cand) or _mod97(cand):
+            if iban_valid(cand):
                 out.append((m.start(), m.start() + len(cand), "iban", cand.replace(" ", "").upper()))
                 break
     for m in _NINO.finditer(text):
@@ -261,6 +258,13 @@ def street_words() -> tuple[frozenset[str], frozenset[str], tuple[str, ...], fro
     endings = {e.strip("-. ") for e in endings if len(e.strip("-. ")) >= 3}
     return (frozenset(suffixes), frozenset(prefixes), tuple(sorted(endings, key=len, reverse=True)),
             frozenset(u.rstrip(".") for u in units))
+
+
+@functools.lru_cache(maxsize=1)
+def street_type_words() -> frozenset[str]:
+    """Every street-type, prefix and unit word, lower-cased: what an address surrogate keeps."""
+    suffixes, prefixes, _, units = street_words()
+    return frozenset(w.lower() for w in (*suffixes, *prefixes, *units))
 
 
 @functools.lru_cache(maxsize=1)

@@ -177,13 +177,8 @@ def _phone(fk, rng: random.Random, locale: str) -> str:
     return v
 
 
-def _national_id(fk, rng: random.Random, locale: str) -> str:
-    if locale == "en_IN":
-        return fk.aadhaar_id()
-    try:
-        return fk.ssn()
-    except AttributeError:
-        return fk.ssn()
+def _national_id(fk, locale: str) -> str:
+    return fk.aadhaar_id() if locale == "en_IN" else fk.ssn()
 
 
 def _person(fk, rng: random.Random) -> str:
@@ -234,8 +229,8 @@ def _fill(template: str, fk, rng: random.Random, locale: str) -> Sample:
         "phone2": lambda: (_phone(fk, rng, locale), "phone"),
         "card": lambda: (_card(fk, rng), "card"),
         "iban": lambda: (_iban(fk, rng), "iban"),
-        "ssn": lambda: (Fakerish.us_ssn(rng), "ssn"),
-        "national_id": lambda: (_national_id(fk, rng, locale), "national_id"),
+        "ssn": lambda: (_us_ssn(rng), "ssn"),
+        "national_id": lambda: (_national_id(fk, locale), "national_id"),
         "ip": lambda: (fk.ipv4() if rng.random() < 0.8 else fk.ipv6(), "ip"),
         "ip2": lambda: (fk.ipv4_private(), "ip"),
         "address": lambda: (fk.street_address().replace("\n", ", "), "address"),
@@ -276,11 +271,9 @@ def _fill(template: str, fk, rng: random.Random, locale: str) -> Sample:
     return Sample("".join(out), ents, locale, "faker")
 
 
-class Fakerish:
-    @staticmethod
-    def us_ssn(rng: random.Random) -> str:
-        area = rng.choice([a for a in range(1, 900) if a != 666])
-        return f"{area:03d}-{rng.randrange(1, 100):02d}-{rng.randrange(1, 10000):04d}"
+def _us_ssn(rng: random.Random) -> str:
+    area = rng.choice([a for a in range(1, 900) if a != 666])
+    return f"{area:03d}-{rng.randrange(1, 100):02d}-{rng.randrange(1, 10000):04d}"
 
 
 def faker_corpus(n: int, *, split: str = "heldout", seed: int = 0, locales: Iterable[str] = LOCALES) -> list[Sample]:

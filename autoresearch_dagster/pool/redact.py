@@ -38,6 +38,7 @@ from collections import Counter
 from typing import Any, Callable, Iterator
 
 from autoresearch_dagster.pool import pii_detect
+from autoresearch_dagster.pool.pii_detect import iban_valid
 
 KEY_ENV = "AUTORESEARCH_REDACTION_KEY"
 PII_TYPES = ("email", "phone", "card", "iban", "ssn", "national_id", "ipv4", "ipv6", "url_secret", "api_key", "dob",
@@ -148,17 +149,6 @@ _CARD_IIN = {
 
 def card_shaped(digits: str) -> bool:
     return digits.startswith(_CARD_IIN.get(len(digits), ("\x00",)))
-
-
-def iban_valid(iban: str) -> bool:
-    s = iban.replace(" ", "")
-    if not (15 <= len(s) <= 34):
-        return False
-    rearranged = s[4:] + s[:4]
-    try:
-        return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
-    except ValueError:
-        return False
 
 
 def _entropy(s: str) -> float:
@@ -530,8 +520,7 @@ class Redactor:
 
     def _address(self, value: str, st: bytes) -> str:
         words = re.split(r"(\s+)", value)
-        suffixes, prefixes, _, units = pii_detect.street_words()
-        keep = {w.lower() for w in (*suffixes, *prefixes, *units)}
+        keep = pii_detect.street_type_words()
         out = []
         for i, w in enumerate(words):
             bare = w.strip(",.;:")
