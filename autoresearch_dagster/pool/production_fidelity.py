@@ -31,6 +31,7 @@ import numpy as np
 from scipy.stats import ks_2samp
 
 from autoresearch_dagster.pool.production import Timeline
+from autoresearch_dagster.pool.workload import Arrivals
 
 
 @dataclass(frozen=True)
@@ -119,21 +120,15 @@ def concurrency(t: Timeline, window_s: float) -> dict | None:
 
 def arrivals(t: Timeline, windows_s: tuple[float, ...], min_windows: int) -> dict | None:
     """Mean rate, inter-arrival times (for the KS check), their CV and the index of dispersion of
-    counts per window (the definitions of ``pool.workload``)."""
+    counts per window, computed by ``pool.workload.Arrivals`` (the pool's own definitions)."""
     s = np.sort(t.start_s)
     if len(s) < 3 or s[-1] <= s[0]:
         return None
-    gaps = np.diff(s)
-    span = float(s[-1] - s[0])
-    out: dict = {"rate_rps": (len(s) - 1) / span, "cv": float(gaps.std() / gaps.mean()), "gaps": gaps}
-    for w in windows_s:
-        k = int(span // w)
-        if k < min_windows:
-            out[f"idc_{w:g}s"] = None
-            continue
-        counts = np.bincount(((s - s[0]) // w).astype(np.int64), minlength=k)[:k]
-        m = counts.mean()
-        out[f"idc_{w:g}s"] = float(counts.var() / m) if m > 0 else None
+    acc = Arrivals(windows_s)
+    acc.add(s)
+    out = acc.summary(min_windows)
+    del out["duration_s"]
+    out["gaps"] = np.diff(s)
     return out
 
 

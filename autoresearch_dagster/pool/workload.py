@@ -103,7 +103,7 @@ def hit_rate(hit_blocks: float, block_tokens: int, prompt_tokens: int) -> float:
     return min(1.0, hit_blocks * block_tokens / prompt_tokens) if prompt_tokens else 0.0
 
 
-class _Arrivals:
+class Arrivals:
     """Streaming arrival statistics of in-order arrivals: count, span, inter-arrival moments, window counts."""
 
     MAX_BINS = 10_000_000
@@ -249,7 +249,7 @@ class WorkloadStats:
         self.turns: dict[str, int] = {}  # conversation id -> turns seen
         self.level = 0
         self.max_samples = max_samples
-        self.arrivals = _Arrivals(windows)
+        self.arrivals = Arrivals(windows)
         self.concurrency = _Concurrency()
         self.cache = PrefixCache()
         self.top_prefixes: list[SharedPrefix] = []
