@@ -386,7 +386,8 @@ class EndpointSpec(BaseModel):
     """One served model deployment with its SLA, hardware, traffic and current server config."""
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
-    model: str = Field(description="model card name from the emulator catalog, or a HF model path for SGLang")
+    model: str = Field(description="model card name from the emulator catalog, a path to a Hugging Face "
+                                   "config.json (or its directory; see model_is_path), or a HF model path for SGLang")
     hardware: Hardware
     sla: SLA
     server_config: dict[str, Any] = Field(default_factory=dict)
@@ -451,8 +452,15 @@ def validation_message(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def model_is_path(model: str) -> bool:
+    """Whether an endpoint's ``model`` names a config.json (or a directory holding one) rather than a catalog
+    model: it ends in ``.json`` or starts with ``./``, ``../``, ``/`` or ``~``."""
+    return model.endswith(".json") or model.startswith(("./", "../", "/", "~"))
+
+
 def load_endpoint(path: str | Path) -> EndpointSpec:
-    """Read an endpoint spec from YAML or JSON; errors name the file and the field (one line)."""
+    """Read an endpoint spec from YAML or JSON; errors name the file and the field (one line). An emulated
+    model given as a relative config path is made absolute against the spec file's directory."""
     path = Path(path)
     data = read_spec_file(path, "endpoint spec")
     if not isinstance(data, dict):
@@ -463,7 +471,10 @@ def load_endpoint(path: str | Path) -> EndpointSpec:
         raise SpecError(f"endpoint spec {path}: {validation_message(e)}") from None
     except SpecError as e:
         raise SpecError(f"endpoint spec {path}: {e}") from None
-    return spec.model_copy(update={"source_path": str(path.resolve())})
+    update: dict[str, Any] = {"source_path": str(path.resolve())}
+    if spec.engine == "emulator" and model_is_path(spec.model):
+        update["model"] = str((path.resolve().parent / Path(spec.model).expanduser()).resolve())
+    return spec.model_copy(update=update)
 
 
 def load_server_config(path: str | Path) -> dict[str, Any]:

@@ -120,7 +120,7 @@ class CostModel:
         self.m, self.hw, self.tp = model, hw, tp
         self.eff = eff or Efficiency()
         self.fp8 = fp8_weights
-        self.wbytes = model.weight_bytes / 2 if fp8_weights else model.weight_bytes
+        self.wbytes = model.param_bytes(fp8_weights)
         self.gemm_peak = hw.fp8_flops if (fp8_weights and hw.has_fp8) else hw.bf16_flops
         self.kv_bytes = kv_bytes
         self.graph_bs = cuda_graph_max_bs
@@ -142,7 +142,7 @@ class CostModel:
         self._w_bw = hw.hbm_bw * e.mbu
         self._kv_bw = hw.hbm_bw * e.kv_mbu
         self._dense_bytes = (self._dense_params + self._lm_params) * self.wbytes
-        self._moe_bytes_all = m.n_moe_layers * m.experts * self._expert_params * self.wbytes
+        self._moe_bytes_all = m.n_moe_layers * m.experts * self._expert_params * m.expert_param_bytes(fp8_weights)
         self._moe_flop_per_token = 2.0 * m.active_experts * self._expert_params * m.n_moe_layers
         self._miss = 1.0 - m.active_experts / m.experts if m.is_moe else 1.0
         self._floor = m.layers * e.kernel_floor_s
@@ -246,8 +246,8 @@ def default_mem_fraction_static(hw: GPUSpec, *, chunked_prefill_size: int, tp: i
 def kv_capacity_tokens(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_static: float,
                        fp8_weights: bool, kv_bytes: float, page_size: int, draft: bool = False) -> int:
     """Tokens the KV pool holds on one replica: (memory x fraction - weights) / KV bytes per token."""
-    wbytes = model.weight_bytes / 2 if fp8_weights else model.weight_bytes
-    weights = model.total_params * wbytes / tp
+    wbytes = model.param_bytes(fp8_weights)
+    weights = model.weights_bytes(fp8_weights) / tp
     if draft:  # one-layer EAGLE head + its own lm_head copy
         weights += (model.attn_params_per_layer + 3 * model.hidden * max(model.ffn, 4 * model.hidden)
                     + model.vocab * model.hidden) * wbytes / tp
@@ -264,5 +264,4 @@ def kv_capacity_tokens(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_s
 
 
 def weight_gib(model: ModelCard, *, tp: int, fp8_weights: bool) -> float:
-    wbytes = model.weight_bytes / 2 if fp8_weights else model.weight_bytes
-    return model.total_params * wbytes / tp / GiB
+    return model.weights_bytes(fp8_weights) / tp / GiB

@@ -38,7 +38,7 @@ class Resolved:
 
 
 def _is_llama(model: ModelCard) -> bool:
-    return model.name.startswith("llama")
+    return model.architecture == "LlamaForCausalLM"  # SGLang keys its speculative defaults on architectures[0]
 
 
 def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, Any]) -> Resolved:
@@ -81,8 +81,9 @@ def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, A
         k["page_size"] = 64 if hw.name == "B200" else 1  # trtllm_mha is the SM100 default backend
     if k["prefill_decode_interval"] is None:
         k["prefill_decode_interval"] = 0
-    fp8w = KNOBS["quantization"].meaning(k["quantization"]).fp8 is not None
-    kv_bytes = 1.0 if KNOBS["kv_cache_dtype"].meaning(k["kv_cache_dtype"]).fp8 else model.weight_bytes
+    # an fp8 checkpoint runs fp8 GEMMs without the knob (SGLang reads its quantization_config)
+    fp8w = KNOBS["quantization"].meaning(k["quantization"]).fp8 is not None or model.quantization == "fp8"
+    kv_bytes = 1.0 if KNOBS["kv_cache_dtype"].meaning(k["kv_cache_dtype"]).fp8 else model.kv_dtype_bytes
     cap = kv_capacity_tokens(model, hw, tp=tp, mem_fraction_static=k["mem_fraction_static"], fp8_weights=fp8w,
                              kv_bytes=kv_bytes, page_size=k["page_size"],
                              draft=KNOBS["speculative_algorithm"].meaning(k["speculative_algorithm"]).draft_model)

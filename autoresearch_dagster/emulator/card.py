@@ -1,0 +1,130 @@
+"""Owns the emulator's model card: the architecture numbers the cost model prices a forward pass with.
+
+A card is derived from a Hugging Face ``config.json`` (``emulator.hf_config``); the catalog's named
+models are bundled config files loaded the same way. Parameter counts are the projections and
+embeddings (norms, biases, routers and attention sinks are left out: under 0.1% of any supported model).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MXFP4_BYTES = 4.25 / 8  # OCP MXFP4: 4-bit E2M1 elements plus one 8-bit E8M0 scale per block of 32
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int  # query/key head dim (MLA: qk_nope_head_dim + qk_rope_head_dim)
+    ffn: int  # dense MLP intermediate size (0 when every layer is MoE without a dense path)
+    vocab: int
+    experts: int = 0  # routed experts per MoE layer (0 = dense model)
+    active_experts: int = 0  # top-k
+    expert_ffn: int = 0  # intermediate size of one routed expert
+    shared_ffn: int = 0  # always-on MLP path beside the routed experts (shared experts / dense MLP)
+    moe_layers: int | None = None  # MoE layers (None = all layers when experts > 0)
+    sliding_window: int = 0  # 0 = full attention everywhere
+    full_layers: int = 0  # full-attention layers when sliding_window > 0 (the rest use the window)
+    weight_bytes: float = 2.0  # bytes per parameter of the checkpoint (bf16 2, fp8 1)
+    expert_weight_bytes: float | None = None  # routed experts' bytes per parameter when they differ (MXFP4)
+    kv_dtype_bytes: float = 2.0  # KV cache element at kv_cache_dtype=auto (the model's 16-bit dtype)
+    quantization: str | None = None  # the checkpoint's quantization_config.quant_method (fp8, mxfp4)
+    context_len: int = 131072
+    tied_embeddings: bool = False
+    draft_fraction: float = 0.03  # EAGLE-style draft head cost relative to one target forward
+    architecture: str = ""  # config.json architectures[0]
+    # Multi-head latent attention (DeepSeek-V2/V3): all 0 for standard attention
+    q_lora_rank: int = 0  # 0 = a full-rank q_proj
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def n_moe_layers(self) -> int:
+        if not self.is_moe:
+            return 0
+        return self.layers if self.moe_layers is None else self.moe_layers
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        h, n = self.hidden, self.heads
+        if self.is_mla:
+            q = h * n * self.head_dim if not self.q_lora_rank else (
+                h * self.q_lora_rank + self.q_lora_rank * n * self.head_dim)
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)  # latent + decoupled rope key
+            qk_nope = self.head_dim - self.qk_rope_head_dim
+            kv_b = self.kv_lora_rank * n * (qk_nope + self.v_head_dim)  # latent -> per-head K (nope) and V
+            return q + kv_a + kv_b + n * self.v_head_dim * h
+        q = h * n * self.head_dim
+        kv = 2 * h * self.kv_heads * self.head_dim
+        o = n * self.head_dim * h
+        return q + kv + o
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (gate, up, down projections)."""
+        return 3 * self.hidden * self.expert_ffn
+
+    @property
+    def dense_mlp_params(self) -> int:
+        """Always-on MLP parameters summed over layers (dense layers' MLP + shared experts)."""
+        dense_layers = self.layers - self.n_moe_layers
+        return 3 * self.hidden * (self.ffn * dense_layers + self.shared_ffn * self.n_moe_layers)
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    @property
+    def routed_params(self) -> int:
+        return self.n_moe_layers * self.experts * self.expert_params
+
+    @property
+    def total_params(self) -> int:
+        return self.layers * self.attn_params_per_layer + self.dense_mlp_params + self.routed_params + self.embed_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token touches (top-k experts, plus the lm_head; embedding lookups are free)."""
+        routed_active = self.n_moe_layers * self.active_experts * self.expert_params
+        return (self.layers * self.attn_params_per_layer + self.dense_mlp_params + routed_active
+                + self.vocab * self.hidden)
+
+    @property
+    def n_global_layers(self) -> int:
+        return self.layers if self.sliding_window <= 0 else self.full_layers
+
+    def param_bytes(self, fp8_weights: bool) -> float:
+        """Bytes per non-expert parameter; fp8 quantization stores at most one byte."""
+        return min(self.weight_bytes, 1.0) if fp8_weights else self.weight_bytes
+
+    def expert_param_bytes(self, fp8_weights: bool) -> float:
+        """Bytes per routed-expert parameter (an MXFP4 checkpoint keeps its experts in MXFP4 under fp8)."""
+        b = self.weight_bytes if self.expert_weight_bytes is None else self.expert_weight_bytes
+        return min(b, 1.0) if fp8_weights else b
+
+    def weights_bytes(self, fp8_weights: bool) -> float:
+        """Bytes of all weights (one replica, before TP splits them)."""
+        dense, expert = self.param_bytes(fp8_weights), self.expert_param_bytes(fp8_weights)
+        return self.total_params * dense + self.routed_params * (expert - dense)
+
+    def kv_bytes_per_token(self, kv_bytes: float, tp: int = 1) -> float:
+        """KV bytes one token occupies on one GPU, all layers. Standard attention stores K and V of each
+        KV head (heads split by TP, replicated below one per GPU); MLA stores one latent vector of
+        kv_lora_rank + qk_rope_head_dim per layer that every TP rank holds whole (SGLang's
+        ``MLATokenToKVPool``; model_runner's cell size has no TP division on that branch)."""
+        if self.is_mla:
+            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes
+        kv_heads_per_gpu = max(1.0, self.kv_heads / tp)
+        return 2 * self.layers * kv_heads_per_gpu * self.head_dim * kv_bytes

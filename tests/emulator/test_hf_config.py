@@ -1,0 +1,281 @@
+"""Model cards derived from Hugging Face config.json files the tests write themselves: each family's
+parameters, KV bytes per token and active parameters against numbers worked out here from the config
+(and the models' published sizes), MLA's latent KV reaching the KV pool and its read cost, quantization
+setting weight bytes, the bundled catalog keeping its numbers, and one-line errors for bad files."""
+import json
+
+import pytest
+
+from autoresearch_dagster.emulator.catalog import GiB, MODELS, gpu, model_card
+from autoresearch_dagster.emulator.core import EngineCore
+from autoresearch_dagster.emulator.cost import CostModel, Efficiency
+from autoresearch_dagster.emulator.hf_config import load_card
+from autoresearch_dagster.emulator.resolve import resolve_config
+from autoresearch_dagster.spec import SpecError, load_endpoint
+
+# --------------------------------------------------------------------------------- the configs
+
+LLAMA_FT = {  # a Llama-3.2-1B-shaped fine-tune (tied embeddings, head_dim 64)
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+    "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+QWEN3_MOE = {  # Qwen/Qwen3-30B-A3B
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    "use_sliding_window": False, "sliding_window": None}
+QWEN2_MOE = {  # a small Qwen2-MoE with a shared expert, MoE every 2nd layer and layer 1 forced dense
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 1024,
+    "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 352, "shared_expert_intermediate_size": 1408,
+    "decoder_sparse_step": 2, "mlp_only_layers": [1, 3], "vocab_size": 151936, "max_position_embeddings": 8192}
+MIXTRAL = {  # mistralai/Mixtral-8x7B-v0.1
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 32768, "sliding_window": None,
+    "tie_word_embeddings": False}
+GEMMA2 = {  # google/gemma-2-9b (tie_word_embeddings omitted: Gemma's default is tied)
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+    "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+    "vocab_size": 256000, "max_position_embeddings": 8192, "sliding_window": 4096, "query_pre_attn_scalar": 256}
+GEMMA3 = {  # google/gemma-3-27b-it: a composite config whose text_config is a diff against Gemma3TextConfig
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+                    "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 168, "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}}
+GPT_OSS = {  # openai/gpt-oss-120b
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+    "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+    "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088, "max_position_embeddings": 131072,
+    "sliding_window": 128, "tie_word_embeddings": False,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
+DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3, "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 129280,
+    "max_position_embeddings": 163840, "tie_word_embeddings": False, "num_nextn_predict_layers": 1,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]}}
+
+
+def write(tmp_path, name, cfg) -> str:
+    d = tmp_path / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d / "config.json")
+
+
+def gqa_attn(h, heads, kv, hd):
+    return h * heads * hd + 2 * h * kv * hd + heads * hd * h  # q, k+v, o
+
+
+def mlp(h, ffn):
+    return 3 * h * ffn  # gate, up, down
+
+
+# ----------------------------------------------------------------------- each family's numbers
+
+def test_llama_fine_tune(tmp_path):
+    c = load_card(write(tmp_path, "ft", LLAMA_FT))
+    attn, ffn = gqa_attn(2048, 32, 8, 64), mlp(2048, 8192)
+    total = 16 * (attn + ffn) + 128256 * 2048  # tied: one embedding matrix
+    assert c.total_params == total and abs(total / 1.24e9 - 1) < 0.01  # Llama-3.2-1B: 1.24B
+    assert c.active_params == total  # dense, and the tied lm_head is the embedding: every weight is read
+    assert c.kv_bytes_per_token(2.0) == 2 * 16 * 8 * 64 * 2  # K and V, 16 layers, 8 heads x 64, bf16
+    assert c.kv_bytes_per_token(2.0, tp=4) == 2 * 16 * 2 * 64 * 2  # 2 KV heads per GPU
+    assert c.kv_bytes_per_token(2.0, tp=16) == 2 * 16 * 1 * 64 * 2  # replicated below one head per GPU
+    assert c.architecture == "LlamaForCausalLM" and c.context_len == 131072 and c.sliding_window == 0
+
+
+def test_qwen3_moe(tmp_path):
+    c = load_card(write(tmp_path, "q", QWEN3_MOE))
+    attn, expert = gqa_attn(2048, 32, 4, 128), mlp(2048, 768)
+    total = 48 * (attn + 128 * expert) + 2 * 151936 * 2048
+    active = 48 * (attn + 8 * expert) + 151936 * 2048  # top-8 experts + lm_head
+    assert c.total_params == total and abs(total / 30.5e9 - 1) < 0.01  # Qwen3-30B-A3B: 30.5B total
+    assert c.active_params == active and abs((active + 151936 * 2048) / 3.3e9 - 1) < 0.02  # 3.3B with embeddings
+    assert c.kv_bytes_per_token(2.0) == 2 * 48 * 4 * 128 * 2
+    assert c.ffn == 0 and c.n_moe_layers == 48  # intermediate_size unused: no dense layer
+
+
+def test_qwen2_moe_shared_expert_sparse_step_and_dense_layers(tmp_path):
+    c = load_card(write(tmp_path, "q2", QWEN2_MOE))
+    # MoE where (i+1) % 2 == 0 and i not in mlp_only_layers: layers 5 and 7 (1 and 3 are forced dense)
+    moe_layers, dense_layers = 2, 6
+    attn = gqa_attn(1024, 16, 16, 64)
+    total = (8 * attn + dense_layers * mlp(1024, 2816) + moe_layers * (mlp(1024, 1408) + 60 * mlp(1024, 352))
+             + 2 * 151936 * 1024)
+    active = (8 * attn + dense_layers * mlp(1024, 2816) + moe_layers * (mlp(1024, 1408) + 4 * mlp(1024, 352))
+              + 151936 * 1024)
+    assert c.n_moe_layers == moe_layers and c.total_params == total and c.active_params == active
+    assert c.kv_bytes_per_token(2.0) == 2 * 8 * 16 * 64 * 2  # head_dim = hidden / heads
+
+
+def test_mixtral(tmp_path):
+    c = load_card(write(tmp_path, "m", MIXTRAL))
+    attn, expert = gqa_attn(4096, 32, 8, 128), mlp(4096, 14336)
+    total, active = 32 * (attn + 8 * expert) + 2 * 32000 * 4096, 32 * (attn + 2 * expert) + 32000 * 4096
+    assert c.total_params == total and abs(total / 46.7e9 - 1) < 0.01  # Mixtral 8x7B: 46.7B
+    assert c.active_params == active and abs((active + 32000 * 4096) / 12.9e9 - 1) < 0.01  # 12.9B per token
+    assert c.kv_bytes_per_token(2.0) == 2 * 32 * 8 * 128 * 2 and c.sliding_window == 0
+
+
+def test_gemma2_alternating_sliding_layers_and_tied_default(tmp_path):
+    c = load_card(write(tmp_path, "g2", GEMMA2))
+    total = 42 * (gqa_attn(3584, 16, 8, 256) + mlp(3584, 14336)) + 256000 * 3584
+    assert c.tied_embeddings and c.total_params == total and abs(total / 9.24e9 - 1) < 0.01  # gemma-2-9b: 9.24B
+    assert c.head_dim == 256 != 3584 // 16  # head_dim from the config, not hidden / heads
+    assert c.sliding_window == 4096 and c.n_global_layers == 21  # layers 1, 3, 5, ... are global
+    assert c.kv_bytes_per_token(2.0) == 2 * 42 * 8 * 256 * 2
+
+
+def test_gemma3_composite_config_takes_text_defaults(tmp_path):
+    c = load_card(write(tmp_path, "g3", GEMMA3))
+    vocab = 262208  # Gemma3TextConfig's default (the file omits it, as the Hub's does)
+    total = 62 * (gqa_attn(5376, 32, 16, 128) + mlp(5376, 21504)) + vocab * 5376
+    assert c.vocab == vocab and c.tied_embeddings and c.total_params == total
+    assert abs(total / 27.0e9 - 1) < 0.02  # Gemma 3 27B (text part; the vision tower adds ~0.4B)
+    assert c.sliding_window == 1024 and c.n_global_layers == 62 // 6  # every 6th layer global: 5, 11, ..., 59
+    assert c.context_len == 131072 and c.architecture == "Gemma3ForConditionalGeneration"
+
+
+def test_gpt_oss_mxfp4_experts_and_alternating_windows(tmp_path):
+    c = load_card(write(tmp_path, "oss", GPT_OSS))
+    attn, expert = gqa_attn(2880, 64, 8, 64), mlp(2880, 2880)
+    routed = 36 * 128 * expert
+    total = 36 * attn + routed + 2 * 201088 * 2880
+    active = 36 * (attn + 4 * expert) + 201088 * 2880
+    assert c.total_params == total and abs(total / 116.8e9 - 1) < 0.01  # gpt-oss-120b: 116.8B
+    assert c.active_params == active and abs(active / 5.1e9 - 1) < 0.02  # 5.1B active
+    assert c.sliding_window == 128 and c.n_global_layers == 18
+    assert c.kv_bytes_per_token(2.0) == 2 * 36 * 8 * 64 * 2 and c.kv_dtype_bytes == 2.0
+    # MXFP4: 4-bit elements + an 8-bit scale per 32 = 4.25 bits for the experts, bf16 for the rest
+    weights = (total - routed) * 2 + routed * 4.25 / 8
+    assert c.weights_bytes(False) == pytest.approx(weights)
+    assert 60e9 < weights < 80e9  # gpt-oss-120b fits on one 80 GB GPU
+    res = resolve_config(c, gpu("H100"), 1, {})
+    assert res.weight_gib == pytest.approx(weights / GiB) and res.kv_bytes == 2.0
+    assert c.expert_param_bytes(True) == 4.25 / 8  # quantization=fp8 leaves MXFP4 experts alone
+
+
+MLA_KV = 61 * (512 + 64)  # elements per token: one latent (kv_lora_rank) + rope key (qk_rope_head_dim) per layer
+
+
+def test_deepseek_v3_mla_params_and_latent_kv(tmp_path):
+    c = load_card(write(tmp_path, "ds", DEEPSEEK_V3))
+    h, n = 7168, 128
+    attn = (h * 1536 + 1536 * n * (128 + 64)  # q_a_proj, q_b_proj
+            + h * (512 + 64)  # kv_a_proj_with_mqa
+            + 512 * n * (128 + 128)  # kv_b_proj: latent -> K (nope) and V per head
+            + n * 128 * h)  # o_proj
+    dense, moe = 3, 58  # first_k_dense_replace
+    shared, expert = mlp(h, 2048), mlp(h, 2048)
+    total = 61 * attn + dense * mlp(h, 18432) + moe * (shared + 256 * expert) + 2 * 129280 * h
+    active = 61 * attn + dense * mlp(h, 18432) + moe * (shared + 8 * expert) + 129280 * h
+    assert c.is_mla and c.total_params == total and abs(total / 671e9 - 1) < 0.01  # 671B (685B with the MTP layer)
+    assert c.active_params == active and abs(active / 37e9 - 1) < 0.03  # 37B activated
+    # the latent cache: 61 x 576 x 2 bytes, the same on every TP rank (not 2 x kv_heads x head_dim)
+    assert c.kv_bytes_per_token(2.0) == MLA_KV * 2 == 70272
+    assert c.kv_bytes_per_token(2.0, tp=8) == MLA_KV * 2
+    assert c.kv_bytes_per_token(1.0, tp=8) == MLA_KV  # fp8 KV halves it
+    assert c.quantization == "fp8" and c.weights_bytes(False) == total * 1.0  # an fp8 checkpoint: 1 byte
+    assert c.weights_bytes(True) == total * 1.0  # quantization=fp8 cannot halve it again
+
+
+def test_mla_kv_size_reaches_kv_capacity_and_read_cost(tmp_path):
+    c = load_card(write(tmp_path, "ds", DEEPSEEK_V3))
+    hw = gpu("H200")
+    caps = {}
+    for kv_dtype, kv_bytes in (("auto", 2.0), ("fp8_e4m3", 1.0)):
+        core = EngineCore(c, hw, 8, {"tp_size": 8, "kv_cache_dtype": kv_dtype}, seed=0)
+        r = core.resolved
+        assert r.fp8_weights and r.kv_bytes == kv_bytes  # the fp8 checkpoint runs fp8 GEMMs without the knob
+        pool = hw.memory_gib * GiB * r.knobs["mem_fraction_static"] - c.total_params * 1.0 / 8
+        per_token = MLA_KV * kv_bytes
+        assert 0 <= pool - r.max_total_num_tokens * per_token < per_token * max(1, r.knobs["page_size"])
+        info = core.server_info()["internal_states"][0]["memory_usage"]
+        assert info["kvcache"] == pytest.approx(r.max_total_num_tokens * per_token / GiB, abs=0.01)
+        caps[kv_dtype] = r.max_total_num_tokens
+        # decode of 32 requests at 8k context on a memory-bound attention: KV bytes read / KV bandwidth
+        cm = CostModel(c, hw, tp=8, fp8_weights=True, kv_bytes=kv_bytes, eff=Efficiency())
+        ctx = 32 * 8192
+        step = cm.step(decode_reqs=32, decode_ctx=ctx, decode_ctx_swa=ctx, n_running=32)
+        read = per_token * (ctx + 32)  # context read + the new tokens' KV written
+        assert step.attn_s == pytest.approx(read / (hw.hbm_bw * Efficiency().kv_mbu), rel=0.01)
+    assert caps["fp8_e4m3"] / caps["auto"] == pytest.approx(2.0, rel=1e-3)
+
+
+# ----------------------------------------------------------------------------- the catalog
+
+def test_catalog_entries_are_bundled_configs_with_todays_numbers():
+    # the totals / actives the catalog's hand-written cards had before they became config files
+    expected = {"llama-3.1-8b": (8_029_995_008, 7_504_658_432, 32), "qwen2.5-32b": (32_762_757_120, 31_984_189_440, 64),
+                "gemma-moe-26b-a4b": (25_149_538_304, 3_738_927_104, 5),
+                "qwen3-235b-a22b": (235_043_553_280, 21_518_352_384, 94)}
+    assert set(expected) <= set(MODELS)  # others may be bundled beside them
+    for name, (total, active, n_global) in expected.items():
+        c = model_card(name)
+        assert (c.total_params, c.active_params, c.n_global_layers) == (total, active, n_global), name
+    assert model_card("gemma-moe-26b-a4b").kv_bytes_per_token(2.0) == 2 * 30 * 8 * 256 * 2
+    assert model_card("llama-3.1-8b").architecture == "LlamaForCausalLM"
+
+
+def test_speculative_defaults_follow_the_architecture(tmp_path):
+    spec = {"speculative_algorithm": "EAGLE"}
+    llama = resolve_config(load_card(write(tmp_path, "l", LLAMA_FT)), gpu("H100"), 1, spec).knobs
+    qwen = resolve_config(load_card(write(tmp_path, "q", QWEN3_MOE)), gpu("H100"), 1, spec).knobs
+    assert (llama["speculative_num_steps"], llama["speculative_eagle_topk"]) == (5, 4)  # SGLang's Llama default
+    assert (qwen["speculative_num_steps"], qwen["speculative_eagle_topk"]) == (3, 1)
+
+
+# ---------------------------------------------------------------------------- spec and errors
+
+def test_endpoint_spec_points_at_a_config_relative_to_its_file(tmp_path):
+    path = write(tmp_path / "models", "ft", LLAMA_FT)
+    spec_dir = tmp_path / "endpoints"
+    spec_dir.mkdir()
+    for model in ("../models/ft/config.json", "../models/ft"):  # the file, or the directory holding it
+        (spec_dir / "ep.yaml").write_text(f"name: ep\nmodel: {model}\nhardware: {{gpu: H100}}\nsla: 'ttft_p99<=1s'\n")
+        ep = load_endpoint(spec_dir / "ep.yaml")
+        assert ep.model == str((tmp_path / "models" / "ft" / ("config.json" if model.endswith("json") else "")).resolve()).rstrip("/")
+        assert model_card(ep.model).total_params == load_card(path).total_params
+    # a catalog name and a hub id for SGLang stay as written
+    (spec_dir / "ep.yaml").write_text("name: ep\nmodel: llama-3.1-8b\nhardware: {gpu: H100}\nsla: 'ttft_p99<=1s'\n")
+    assert load_endpoint(spec_dir / "ep.yaml").model == "llama-3.1-8b"
+    (spec_dir / "ep.yaml").write_text("name: ep\nmodel: ./local-dir\nengine: sglang\nhardware: {gpu: H100}\n"
+                                      "sla: 'ttft_p99<=1s'\n")
+    assert load_endpoint(spec_dir / "ep.yaml").model == "./local-dir"
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ("{not json", "is not valid JSON: Expecting property name enclosed in double quotes at line 1, column 2"),
+    ("[1, 2]", "must be a JSON object"),
+    ({**LLAMA_FT, "model_type": "mamba", "architectures": ["MambaForCausalLM"]},
+     "model_type 'mamba' (MambaForCausalLM) is not supported; supported model types: deepseek_v3, gemma2"),
+    ({k: v for k, v in LLAMA_FT.items() if k != "hidden_size"}, "missing field 'hidden_size' (model_type llama)"),
+    ({**LLAMA_FT, "num_hidden_layers": "16"}, "num_hidden_layers must be an integer >= 1, got '16'"),
+    ({k: v for k, v in DEEPSEEK_V3.items() if k != "kv_lora_rank"}, "missing field 'kv_lora_rank' (model_type deepseek_v3)"),
+    ({**LLAMA_FT, "quantization_config": {"quant_method": "awq"}}, "quant_method 'awq' is not supported (fp8, mxfp4)"),
+    ({**LLAMA_FT, "layer_types": ["full_attention"] * 15}, "layer_types must list 16 layer types"),
+])
+def test_bad_config_files_are_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(SpecError) as e:
+        model_card(str(path))
+    assert message in str(e.value) and "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+def test_unknown_names_and_empty_directories_say_what_is_accepted(tmp_path):
+    with pytest.raises(SpecError, match="known models: .*llama-3.1-8b.*or a path to a Hugging Face config.json"):
+        model_card("llama-9b")
+    with pytest.raises(SpecError, match="has no config.json"):
+        model_card(str(tmp_path) + "/")
