@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: run test venv dev bench clean sglang-parser bench-runner
+.PHONY: run test venv dev bench clean sglang-parser bench-runner real-engine
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,3 +36,8 @@ sglang-parser:
 # The runner benchmark side by side with sglang.bench_serving (builds .venv-sglang, about 6 GB, once).
 bench-runner: $(VENV)/.installed
 	bash scripts/sglang_venv.sh && $(PY) benchmarks/bench_runner.py --rt
+
+# Optional: a real serving engine on CPU (vLLM's CPU build in .venv-vllm, about 3.5 GB, and a tiny Llama
+# in .real-engine/tiny-llama); the tests marked real_engine run when both are present.
+real-engine:
+	bash scripts/real_engine.sh
