@@ -161,6 +161,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     _K("cuda_graph_max_bs_decode", int, None, "kernels_quant",
        "largest decode batch that runs as a CUDA graph: bigger removes launch overhead at large batch, costs memory",
        low=1, high=4096, search_values=(32, 64, 128, 256, 512)),
+    _K("disable_cuda_graph", bool, False, "kernels_quant",
+       "run every decode step eagerly (no CUDA graphs): saves graph memory and capture time, pays kernel launches",
+       nullable=False),
+    _K("disable_overlap_schedule", bool, False, "scheduling_cache",
+       "turn off the overlap scheduler: CPU scheduling and output processing no longer hide behind the GPU",
+       nullable=False),
     _K("tp_size", int, 1, "parallel_admission",
        "tensor parallel degree: splits weights and KV heads over GPUs vs all-reduce cost",
        choices=(1, 2, 4, 8), nullable=False, search_values=(1, 2)),
@@ -382,6 +388,39 @@ class Workload(BaseModel):
     mode: Literal["capacity", "shape", "both"] = "capacity"
 
 
+AutoscaleMetric = Literal["running_requests", "queue_length", "in_flight", "kv_usage"]
+
+
+class Autoscaling(BaseModel):
+    """Replicas behind a router with a Kubernetes-HPA-like autoscaler (``emulator.autoscale``); each replica
+    is one server on ``hardware.count`` GPUs. Real autoscaled endpoints: ``replicas_metric`` names the
+    Prometheus gauge of serving replicas, read from ``metrics_url`` (default: the endpoint's /metrics)."""
+    model_config = ConfigDict(extra="forbid")
+    min_replicas: int = Field(default=1, ge=1, le=256)
+    max_replicas: int = Field(ge=1, le=256)
+    metric: AutoscaleMetric = Field(default="running_requests", description=(
+        "per-replica metric the autoscaler targets: running_requests, queue_length (waiting), in_flight "
+        "(running + waiting), kv_usage (KV-cache fraction in use, 0-1)"))
+    target: float = Field(gt=0, description="target value of the metric per serving replica")
+    tolerance: float = Field(default=0.1, ge=0, lt=1, description="no change while metric/target is within 1 +- this")
+    decision_interval_s: float = Field(default=15.0, gt=0, description="seconds between autoscaler decisions")
+    scale_up_stabilization_s: float = Field(default=0.0, ge=0, description="scale up to the lowest recommendation of this window")
+    cold_start_s: float = Field(default=60.0, ge=0, description="a new replica serves only this long after the decision")
+    scale_down_cooldown_s: float = Field(default=300.0, ge=0, description="scale down to the highest recommendation of this window")
+    router: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    replicas_metric: str | None = Field(default=None, description="Prometheus gauge of serving replicas (real endpoints)")
+    desired_replicas_metric: str | None = Field(default=None, description="Prometheus gauge of the autoscaler's desired replicas")
+    metrics_url: str | None = Field(default=None, description="where the replica gauges are scraped (default URL/metrics)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Autoscaling":
+        if self.max_replicas < self.min_replicas:
+            raise SpecError(f"max_replicas {self.max_replicas} is below min_replicas {self.min_replicas}")
+        if self.metric == "kv_usage" and self.target > 1:
+            raise SpecError(f"a kv_usage target is a fraction in (0, 1], got {self.target:g}")
+        return self
+
+
 class EndpointSpec(BaseModel):
     """One served model deployment with its SLA, hardware, traffic and current server config."""
     model_config = ConfigDict(extra="forbid")
@@ -395,6 +434,7 @@ class EndpointSpec(BaseModel):
     engine: EngineKind = "emulator"
     url: str | None = Field(default=None, description="base URL of an existing endpoint (engine: external)")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="engine-specific settings")
+    autoscaling: Autoscaling | None = Field(default=None, description="replicas behind a router with an autoscaler")
     source_path: str | None = Field(default=None, exclude=True)
 
     @field_validator("sla", mode="before")

@@ -3,7 +3,11 @@
 Targets: ``--url`` (any OpenAI-compatible endpoint, measured as it is), or ``--engine emulator
 --endpoint FILE`` (the embedded emulator in virtual time) / ``--engine emulator-http`` (its
 real-time HTTP server). Writes DIR/summary.json, DIR/records.parquet, DIR/load_curve.{csv,parquet}
-and DIR/load_curve.png.
+and DIR/load_curve.png. A shape replay of an autoscaled endpoint (the spec's ``autoscaling``: an
+emulated fleet, or a real endpoint whose replica gauge it names) also reports replicas over time,
+scale-up latency, SLA misses during bursts and GPU-seconds (DIR/autoscaling.png, the lake's
+``autoscaling`` table); ``--candidate FILE`` replays the same demand on a candidate config and
+reports the GPUs it saves.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autoresearch_dagster.measure.profiles import PROFILES, REQUEST_TIMEOUT_S
-from autoresearch_dagster.spec import SLA, SpecError, load_endpoint
+from autoresearch_dagster.spec import SLA, SpecError, load_endpoint, load_server_config
 
 
 def register(subparsers: Any) -> None:
@@ -65,6 +69,12 @@ def register(subparsers: Any) -> None:
     shp.add_argument("--interval", type=float, default=60.0, help="seconds per rate interval (pool timeline; default 60)")
     shp.add_argument("--resolution", type=float, default=0.05)
     shp.add_argument("--max-steps", type=int, default=12)
+    shp.add_argument("--candidate", help="candidate server config (YAML/JSON) replayed on the same demand "
+                                         "(emulator): GPU-seconds and GPUs saved against the spec's config")
+    shp.add_argument("--replica-capacity", type=float,
+                     help="req/s one replica serves within the SLA: bursts are intervals above serving x this, "
+                          "for endpoints that expose no desired-replicas gauge")
+    shp.add_argument("--lake", default="out/lake", help="results lake root for the autoscaling rows (default out/lake)")
     shp.set_defaults(func=_shape)
 
 
@@ -93,6 +103,12 @@ def _target(args: argparse.Namespace):
         if not dep.health():
             raise SpecError(f"{url} is not answering (GET /health and /v1/models failed)")
         model = args.model or dep.served_model()
+        auto = spec.autoscaling if spec else None
+        if auto is not None and auto.replicas_metric:
+            from autoresearch_dagster.engines.replicas import ReplicaWatch
+            watched = ReplicaWatch(dep, metrics_url=auto.metrics_url or dep.base_url + "/metrics",
+                                   replicas_metric=auto.replicas_metric, desired_metric=auto.desired_replicas_metric)
+            return watched, sla, gpus, model, dep.close
         return dep, sla, gpus, model, dep.close
     if spec is None:
         raise SpecError(f"--engine {engine} needs --endpoint FILE")
@@ -152,11 +168,13 @@ def _capacity(args: argparse.Namespace) -> int:
     try:
         result = find_capacity(dep, pool, sla, gpus=gpus, model=model, settings=settings, seed=args.seed,
                                progress=ConsoleProgress())
+        info = dep.server_info() or {}  # the engine version a calibration on this curve records
     finally:
         close()
     summary = {**result.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash,
                "target": args.url or args.endpoint, "engine": args.engine or ("external" if args.url else "emulator"),
-               "model": model, "gpus": gpus}
+               "model": model, "gpus": gpus, "engine_version": info.get("version"),
+               "server_config": dict(load_endpoint(args.endpoint).server_config) if args.endpoint else None}
     files.write_records(result.outcomes, out / "records.parquet")
     files.write_load_curve(summary["steps"], out)
     plots.plot_load_curve([(summary["steps"], result.capacity_rps)], out / "load_curve.png", sla=sla)
@@ -183,6 +201,13 @@ def _shape(args: argparse.Namespace) -> int:
         raise SpecError(f"--resolution must be between 0 and 1 (relative), got {args.resolution}")
     if args.max_steps < 1:
         raise SpecError(f"--max-steps must be at least 1, got {args.max_steps}")
+    if args.replica_capacity is not None and not args.replica_capacity > 0:
+        raise SpecError(f"--replica-capacity must be > 0 req/s, got {args.replica_capacity}")
+    candidate = None
+    if args.candidate:
+        if (args.engine or ("external" if args.url else "emulator")) != "emulator" or not args.endpoint:
+            raise SpecError("--candidate needs --engine emulator --endpoint FILE (an external endpoint serves one config)")
+        candidate = load_server_config(args.candidate)
     pool = _pool(args.pool)
     out = Path(args.out)
     dep, sla, gpus, model, close = _target(args)
@@ -191,21 +216,94 @@ def _shape(args: argparse.Namespace) -> int:
                            interval_s=args.interval, seed=args.seed,
                            request_timeout_s=args.timeout or REQUEST_TIMEOUT_S,
                            resolution=args.resolution, max_steps=args.max_steps, flush_cache=not args.no_flush,
-                           progress=ConsoleProgress(unit="speedup"))
+                           replica_capacity_rps=args.replica_capacity, progress=ConsoleProgress(unit="speedup"))
     finally:
         close()
     summary = {**result.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash,
                "target": args.url or args.endpoint, "model": model, "gpus": gpus}
+    cand = None
+    if candidate is not None:
+        cand = _candidate_shape(args, candidate, pool, sla, gpus, model, speedup=result.speedup)
+        summary["candidate"] = {"config": candidate, **cand.to_dict()}
     files.write_records(result.outcomes, out / "records.parquet")
     files.write_load_curve(summary["steps"], out)
     files.write_intervals(result.intervals, out)
     plots.plot_load_curve([(summary["steps"], result.replay_capacity)], out / "load_curve.png", sla=sla,
                           speedup=True, title="Production-shape replay")
     plots.plot_intervals(result.intervals, out / "intervals.png", sla=sla, speedup=result.speedup)
+    if result.autoscaling is not None:
+        comparison = _autoscaling_outputs(args, result, cand, summary, out)
+        summary["autoscaling_comparison"] = comparison
     files.write_json(out / "summary.json", summary)
     ok = sum(1 for i in result.intervals if i["meets_sla"])
     judged = sum(1 for i in result.intervals if i["meets_sla"] is not None)
     cap = f"replay capacity x{result.replay_capacity:.3g}; " if result.replay_capacity is not None else ""
     state = "valid" if result.valid else "INVALID: " + "; ".join(result.invalid_reasons)
     print(f"{cap}at x{result.speedup:.3g}: {ok}/{judged} intervals met {sla}; {state}; outputs in {out}")
+    if result.autoscaling is not None:
+        print(_autoscaling_line("autoscaling", result.autoscaling))
+        if cand is not None and cand.autoscaling is not None:
+            c = summary["autoscaling_comparison"]
+            print(_autoscaling_line("candidate", cand.autoscaling))
+            print(f"candidate vs baseline on the same demand: {c['gpu_seconds_candidate']:.0f} vs "
+                  f"{c['gpu_seconds_baseline']:.0f} GPU-seconds (ratio {c['gpu_seconds_ratio']:.3f}), "
+                  f"{c['mean_gpus_saved']:.2f} GPUs saved on average")
+    elif cand is not None:
+        print("no replica counts reported: no autoscaling report (the spec has no autoscaling section)")
     return 0 if result.valid else 1
+
+
+def _candidate_shape(args: argparse.Namespace, config: dict[str, Any], pool: Any, sla: SLA, gpus: int, model: str,
+                     *, speedup: float):
+    """The candidate config's replay of the same per-interval demand (the baseline's speed-up), on the emulator."""
+    from autoresearch_dagster.engines.emulator import EmulatorEngine
+    from autoresearch_dagster.measure.shape import run_shape
+
+    dep = EmulatorEngine(load_endpoint(args.endpoint)).deploy(config, seed=args.seed)
+    try:
+        return run_shape(dep, pool, sla, gpus=gpus, model=model, speedup=speedup, interval_s=args.interval,
+                         seed=args.seed, request_timeout_s=args.timeout or REQUEST_TIMEOUT_S,
+                         flush_cache=not args.no_flush, replica_capacity_rps=args.replica_capacity)
+    finally:
+        dep.close()
+
+
+def _autoscaling_outputs(args: argparse.Namespace, result: Any, cand: Any, summary: dict[str, Any],
+                         out: Path) -> dict[str, Any] | None:
+    """autoscaling.png, the lake's autoscaling rows (baseline, candidate with its comparison); the comparison."""
+    import uuid
+
+    from autoresearch_dagster.measure.autoscaling import compare, lake_rows
+    from autoresearch_dagster.outputs import plots
+    from autoresearch_dagster.results import open_lake
+    from autoresearch_dagster.spec import config_hash
+
+    spec = load_endpoint(args.endpoint) if args.endpoint else None
+    engine = args.engine or ("external" if args.url else "emulator")
+    base_cfg = dict(spec.server_config) if spec else {}
+    runs = [("baseline", result.autoscaling)]
+    comparison = None
+    replay_id = f"as-{uuid.uuid4().hex[:12]}"
+    rows = lake_rows(result.autoscaling, replay_id=replay_id, role="baseline", config_hash=config_hash(base_cfg),
+                     engine=engine, speedup=result.speedup)["autoscaling"]
+    if cand is not None and cand.autoscaling is not None:
+        comparison = compare(result.autoscaling, cand.autoscaling)
+        runs.append(("candidate", cand.autoscaling))
+        rows += lake_rows(cand.autoscaling, replay_id=f"as-{uuid.uuid4().hex[:12]}", role="candidate",
+                          config_hash=config_hash(summary["candidate"]["config"]), engine=engine,
+                          speedup=cand.speedup, comparison=comparison, baseline_replay_id=replay_id)["autoscaling"]
+    plots.plot_autoscaling(runs, result.intervals, out / "autoscaling.png")
+    open_lake(args.lake).append("autoscaling", rows, endpoint=spec.name if spec else "external")
+    return comparison
+
+
+def _autoscaling_line(label: str, a: dict[str, Any]) -> str:
+    lat = a["scale_up_latency_median_s"]
+    ups = (f"{len(a['scale_ups'])} scale-ups (demand rise to serving: median {lat:.1f} s, max "
+           f"{a['scale_up_latency_max_s']:.1f} s)" if lat is not None else f"{len(a['scale_ups'])} scale-ups")
+    mean = f"mean {a['mean_replicas']:.2f}" if a["mean_replicas"] is not None else "no window"
+    bursts = (f"bursts {a['burst_s']:.0f} s: {a['burst_sla_misses']}/{a['burst_requests']} requests missed the SLA "
+              f"(elsewhere {a['other_sla_misses']}/{a['other_requests']})" if a["burst_rule"] else
+              "bursts not judged (no desired-replicas gauge and no --replica-capacity)")
+    return (f"{label}: {a['gpu_seconds']:.0f} GPU-seconds ({mean} replicas x {a['gpus_per_replica']} GPUs, "
+            f"{a['replicas_min']:g}-{a['replicas_max']:g}), {ups}, {a['scale_downs']} scale-downs; {bursts}")

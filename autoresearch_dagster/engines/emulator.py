@@ -4,22 +4,29 @@ Virtual mode: ``deploy`` builds an ``EngineCore`` and each ``run_step`` simulate
 virtual time (send offsets become arrival times), returning the same ``RequestRecord``s the HTTP
 runner would measure: TTFT, the gaps between streamed chunks (honouring ``stream_interval``), E2E,
 output tokens, status. The deployment's virtual clock and prefix cache persist across steps until
-``flush_cache``. HTTP mode starts the emulator's real-time server in a thread and measures it with
+``flush_cache``. With an ``autoscaling`` section in the spec, each step runs on a fleet of
+replicas behind a router and an autoscaler (``emulator.fleet``), fresh at every step (``min_replicas``
+ready, caches empty), and ``held_s`` counts replica-seconds. HTTP mode starts the emulator's real-time server in a thread and measures it with
 the runner's ``HttpDeployment``.
 
 Hidden factors (``emulator.cost.endpoint_efficiency``): an endpoint whose spec sets
 ``engine_options: {hidden_factors_seed: N}`` runs on efficiency factors of its own, never reported by a
-deployment; the proposers' surrogate never uses them.
+deployment; the proposers' surrogate never uses them. An endpoint whose spec sets
+``engine_options: {calibration: latest}`` (or a calibration file) runs on its stored calibration
+(``emulator.calibrations``).
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
+
+import numpy as np
 from typing import Any, Literal
 
 from autoresearch_dagster.emulator.catalog import gpu, model_card
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore, emulator_version
 from autoresearch_dagster.emulator.cost import Efficiency, endpoint_efficiency
+from autoresearch_dagster.emulator.fleet import simulate_fleet
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.profile import write_profile
 from autoresearch_dagster.emulator.sim import simulate
@@ -41,7 +48,10 @@ class VirtualDeployment:
         self.config = validate_server_config(config)
         self.core = EngineCore(model_card(endpoint.model), gpu(endpoint.hardware.gpu), endpoint.gpus, self.config,
                                seed=seed, noise=noise, efficiency=efficiency)
+        self.seed, self.noise, self.efficiency = seed, noise, efficiency
         self.clock = 0.0  # virtual seconds since the deployment started
+        self._replica_s = 0.0  # replica-seconds held by autoscaled steps
+        self._steps = 0
         self.sample_interval_s = sample_interval_s
         self._profile_dir: str | None = None
         self._profile_id: str | None = None
@@ -59,8 +69,15 @@ class VirtualDeployment:
                 for s in schedule]
         last = max((r.arrival_s for r in reqs), default=base)
         wall0 = time.perf_counter()
-        res = simulate(self.core, reqs, sample_interval_s=self.sample_interval_s,
-                       deadline_s=last + timeout_s, start_s=base)
+        auto = self.endpoint.autoscaling
+        if auto is None:
+            res = simulate(self.core, reqs, sample_interval_s=self.sample_interval_s,
+                           deadline_s=last + timeout_s, start_s=base)
+        else:
+            res = simulate_fleet(self._replica_core, reqs, auto, start_s=base, deadline_s=last + timeout_s,
+                                 sample_interval_s=self.sample_interval_s)
+            self._replica_s += res.replica_seconds() + STEP_GAP_S * auto.min_replicas
+        self._steps += 1
         si = res.stream_interval
         by_id = {r.rid: r for r in res.requests}
         records: list[RequestRecord] = []
@@ -84,15 +101,25 @@ class VirtualDeployment:
         return StepOutcome(step_id=step_id, records=records, duration_s=duration,
                            engine_timeseries=res.timeseries,
                            meta={"engine": "emulator", "virtual": True, "sim_wall_s": time.perf_counter() - wall0,
-                                 "send_lag_p99_ms": 0.0, "virtual_start_s": base})
+                                 "send_lag_p99_ms": 0.0, "virtual_start_s": base,
+                                 **({} if auto is None else {"autoscaling_events": [
+                                     {**e, "t": e["t"] - base, **({"ready_s": e["ready_s"] - base} if "ready_s" in e else {})}
+                                     for e in res.events]})})
+
+    def _replica_core(self, idx: int) -> EngineCore:
+        """Replica ``idx`` of the current step's fleet: a fresh server with a seed of its own."""
+        seed = int(np.random.SeedSequence([self.seed, self._steps, idx]).generate_state(1)[0])
+        return EngineCore(model_card(self.endpoint.model), gpu(self.endpoint.hardware.gpu), self.endpoint.gpus,
+                          self.config, seed=seed, noise=self.noise, efficiency=self.efficiency)
 
     def flush_cache(self) -> bool:
         return self.core.flush_cache()
 
     @property
     def held_s(self) -> float:
-        """Seconds the deployment has held its GPUs: its virtual clock (virtual GPU time counts as GPU time)."""
-        return self.clock
+        """Seconds the deployment has held its GPUs: its virtual clock (virtual GPU time counts as GPU time); with
+        autoscaling, replica-seconds (idle gaps between steps at ``min_replicas``), so ``held_s x GPUs`` is GPU-seconds."""
+        return self.clock if self.endpoint.autoscaling is None else self._replica_s
 
     def server_info(self) -> dict[str, Any]:
         return {**self.core.server_info(), "version": emulator_version(), "engine": "emulator", "mode": "virtual"}
@@ -131,11 +158,16 @@ class EmulatorEngine:
                  noise: NoiseSettings | None = None, efficiency: Efficiency | None = None):
         if mode not in ("virtual", "http"):
             raise SpecError(f"emulator mode must be 'virtual' or 'http', got {mode!r}")
+        if mode == "http" and endpoint.autoscaling is not None:
+            raise SpecError("autoscaling runs in the virtual-time emulator only (its HTTP server is one replica)")
         model_card(endpoint.model)
         gpu(endpoint.hardware.gpu)
         self.endpoint, self.mode = endpoint, mode
         self.noise = noise
-        self.efficiency = efficiency if efficiency is not None else endpoint_efficiency(endpoint.engine_options)
+        from autoresearch_dagster.emulator.calibrations import calibrated_efficiency
+
+        self.efficiency = efficiency if efficiency is not None else (
+            calibrated_efficiency(endpoint) or endpoint_efficiency(endpoint.engine_options))
 
     def deploy(self, config: dict[str, Any], *, seed: int = 0):
         if self.mode == "virtual":

@@ -2,8 +2,8 @@
 
 ``run_shape`` replays the pool's production shape at a speed-up (``step.run_offsets`` with
 ``shape_offsets``); per-interval SLA attainment; replay capacity = the largest speed-up meeting the
-SLA (``capacity.grow_bisect``); autoscaling report from the engine's ``replicas`` timeseries when it
-has one.
+SLA (``capacity.grow_bisect``); the autoscaling report (``measure.autoscaling``) from the engine's
+``replicas`` timeseries when it has one (an autoscaled emulator fleet, or a real endpoint's replica gauge).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 from autoresearch_dagster.engines.base import Deployment
 from autoresearch_dagster.loadgen.records import RequestRecord, StepOutcome
 from autoresearch_dagster.loadgen.schedule import interval_counts, shape_offsets
+from autoresearch_dagster.measure.autoscaling import autoscaling_report
 from autoresearch_dagster.measure.capacity import confirmed, grow_bisect, no_pass_reason
 from autoresearch_dagster.measure.profiles import REQUEST_TIMEOUT_S
 from autoresearch_dagster.measure.step import LoadStep, good_request, metric_values, run_offsets
@@ -66,42 +67,10 @@ def interval_attainment(outcome: StepOutcome, sla: SLA, *, replay_interval_s: fl
     return rows
 
 
-def autoscaling_report(timeseries: list[dict[str, Any]], intervals: list[dict[str, Any]], *,
-                       replay_interval_s: float, gpus_per_replica: int) -> dict[str, Any] | None:
-    """GPU-seconds used and how fast replicas followed bursts, from a ``replicas`` timeseries.
-
-    Rows carry the step-relative time as ``t_s`` (the HTTP runner's /metrics scrape) or ``t`` (the
-    emulator's virtual-time samples).
-
-    A burst is an interval whose target rate is at least 1.5x the previous one; its follow time is
-    how long after the interval started the replica count first rose above its level at that start
-    (None when it never rose before the replay ended). Returns None when the engine reports no replicas.
-    """
-    pts = sorted((float(r.get("t_s", r.get("t"))), float(r["replicas"])) for r in timeseries
-                 if "replicas" in r and ("t_s" in r or "t" in r))
-    if len(pts) < 2:
-        return None
-    t = np.asarray([p[0] for p in pts])
-    rep = np.asarray([p[1] for p in pts])
-    gpu_seconds = float(np.sum(rep[:-1] * np.diff(t))) * gpus_per_replica
-    follows = []
-    for prev, cur in zip(intervals, intervals[1:]):
-        if prev["target_rps"] > 0 and cur["target_rps"] >= 1.5 * prev["target_rps"]:
-            start = cur["start_s"]
-            level = rep[max(0, int(np.searchsorted(t, start, side="right")) - 1)]
-            later = np.nonzero((t >= start) & (rep > level))[0]
-            follows.append({"interval": cur["interval"], "start_s": start,
-                            "follow_s": float(t[later[0]] - start) if later.size else None})
-    followed = [f["follow_s"] for f in follows if f["follow_s"] is not None]
-    return {"gpu_seconds": gpu_seconds, "replicas_min": float(rep.min()), "replicas_max": float(rep.max()),
-            "bursts": follows, "median_follow_s": float(np.median(followed)) if followed else None,
-            "bursts_not_followed": len(follows) - len(followed)}
-
-
 def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: str, speedup: float | None = None,
               search: bool = False, interval_s: float = 60.0, seed: int = 0, request_timeout_s: float = REQUEST_TIMEOUT_S,
               growth: float = 2.0, resolution: float = 0.05, max_steps: int = 12, flush_cache: bool = True,
-              gpus_per_replica: int | None = None,
+              gpus_per_replica: int | None = None, replica_capacity_rps: float | None = None,
               progress: Callable[[LoadStep], None] | None = None) -> ShapeResult:
     if not search and speedup is None:
         speedup = 1.0
@@ -139,8 +108,9 @@ def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: 
     replay_interval = interval_s / speedup
     intervals = interval_attainment(outcome, sla, replay_interval_s=replay_interval, target_counts=counts,
                                     speedup=speedup)
-    auto = autoscaling_report(outcome.engine_timeseries, intervals, replay_interval_s=replay_interval,
-                              gpus_per_replica=gpus_per_replica or gpus)
+    auto = autoscaling_report(outcome.engine_timeseries, outcome.records, sla, intervals=intervals,
+                              window_s=outcome.duration_s, gpus_per_replica=gpus_per_replica or gpus,
+                              replica_capacity_rps=replica_capacity_rps)
     reasons = [f"{st.step_id}: {r}" for st in steps for r in st.invalid_reasons]
     if search and replay_capacity and not confirmed(steps, replay_capacity):
         reasons.append(f"search stopped after {max_steps} steps before confirming a replay capacity")

@@ -1,6 +1,6 @@
 """Owns the plots (PNG, matplotlib's Agg renderer): the one load-curve plot with its capacity marker and
-noise band, the production-shape replay's intervals, the candidates' capacity ratios, and the atomic save
-every plot goes through.
+noise band, the production-shape replay's intervals and autoscaling (replicas vs demand), the candidates'
+capacity ratios, and the atomic save every plot goes through.
 
 Figures are ``matplotlib.figure.Figure`` objects, never pyplot's: no global backend to switch and no
 figure registry shared between the threads Dagster runs assets in.
@@ -121,6 +121,39 @@ def plot_intervals(intervals: list[dict[str, Any]], path: str | Path, *, sla: SL
             ax.axvspan(i["start_s"], i["start_s"] + (xs[1] - xs[0] if len(xs) > 1 else 1), color="red", alpha=0.12)
     ax.set_title(f"Production-shape replay at x{speedup:.3g}  (SLA: {sla}; red: intervals failing it)", fontsize=10)
     fig.legend(loc="lower left", fontsize=8)
+    return save_png(fig, path)
+
+
+def plot_autoscaling(runs: Sequence[tuple[str, dict[str, Any]]], intervals: list[dict[str, Any]],
+                     path: str | Path) -> Path:
+    """Replicas held (and serving, and the autoscaler's wish) against the demand over a production-shape replay,
+    one labelled autoscaling report per config, burst windows of the first shaded."""
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    ax = fig.subplots()
+    xs = [i["start_s"] for i in intervals]
+    ax.step(xs + [xs[-1] + (xs[1] - xs[0] if len(xs) > 1 else 1)] if xs else [],
+            [i["target_rps"] for i in intervals] + ([intervals[-1]["target_rps"]] if intervals else []),
+            where="post", color="grey", lw=2, label="demand (req/s)")
+    ax.set_xlabel("replay time (s)")
+    ax.set_ylabel("req/s")
+    ax2 = ax.twinx()
+    for k, (label, rep) in enumerate(runs):
+        series, color = rep["series"], f"C{k}"
+        ax2.step(series["t_s"], series["replicas"], where="post", color=color, lw=1.6,
+                 label=f"{label}: replicas held ({rep['gpu_seconds']:.0f} GPU-s)")
+        if series.get("replicas_ready"):
+            ax2.step(series["t_s"], series["replicas_ready"], where="post", color=color, ls="--", lw=1,
+                     label=f"{label}: serving")
+        if series.get("desired_replicas"):
+            ax2.step(series["t_s"], series["desired_replicas"], where="post", color=color, ls=":", lw=1,
+                     label=f"{label}: desired")
+    if runs:
+        for lo, hi in runs[0][1]["burst_windows"]:
+            ax.axvspan(lo, hi, color="red", alpha=0.12)
+    ax2.set_ylabel("replicas")
+    ax2.set_ylim(bottom=0)
+    ax.set_title("Autoscaling under the production shape (red: demand above the serving capacity)", fontsize=10)
+    fig.legend(loc="upper right", fontsize=7)
     return save_png(fig, path)
 
 

@@ -1,10 +1,9 @@
-"""External engine (measure-only, refuses other configs) and the autoscaling report of shape replays."""
+"""External engine (measure-only, refuses other configs); the autoscaling report is tested in tests/measure."""
 import pytest
 
 from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.engines.external import ExternalEngine
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment
-from autoresearch_dagster.measure.shape import autoscaling_report
 from autoresearch_dagster.spec import EndpointSpec
 
 from .helpers import FaultServer
@@ -37,16 +36,3 @@ def test_external_engine_measures_only_its_own_config(server):
 def test_external_engine_unreachable_is_an_engine_error():
     with pytest.raises(EngineError, match="not answering"):
         ExternalEngine(_spec("http://127.0.0.1:9")).deploy({})
-
-
-def test_autoscaling_report_from_replicas_timeseries():
-    intervals = [{"interval": k, "start_s": k * 10.0, "target_rps": r} for k, r in enumerate([1.0, 1.0, 4.0, 4.0, 1.0])]
-    ts = [{"t_s": float(t), "replicas": 1 if t < 26 else 2} for t in range(0, 51, 2)]
-    rep = autoscaling_report(ts, intervals, replay_interval_s=10.0, gpus_per_replica=8)
-    assert rep["bursts"] == [{"interval": 2, "start_s": 20.0, "follow_s": 6.0}]
-    assert rep["median_follow_s"] == 6.0 and rep["bursts_not_followed"] == 0
-    assert rep["gpu_seconds"] == pytest.approx((26 * 1 + 24 * 2) * 8)
-    virtual = [{"t": r["t_s"], "replicas": r["replicas"]} for r in ts]  # the emulator's time key
-    assert autoscaling_report(virtual, intervals, replay_interval_s=10.0, gpus_per_replica=8) == rep
-    assert autoscaling_report([{"t_s": 0.0, "num_running": 3}], intervals, replay_interval_s=10.0,
-                              gpus_per_replica=1) is None
