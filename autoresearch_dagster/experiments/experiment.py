@@ -10,8 +10,11 @@ experiments' baseline runs against the same baseline), and each stage adds only 
 "anchor" runs interleaved with the candidate's (one per ``anchor_every`` candidate runs, at least one),
 which also check that the baseline has not drifted since: anchors whose median leaves the noise
 floor's A/A band drop the earlier runs and the experiment continues with fresh interleaved arms.
-With ``comparisons`` candidates sharing one control, every verdict interval is widened to the
-Bonferroni level ``1 - (1 - DECISION_CONFIDENCE) / comparisons``.
+With ``comparisons`` candidates sharing one control, the verdict interval's lower bound (what a
+"better", hence a promotion, rests on) is widened to the Bonferroni level
+``1 - (1 - DECISION_CONFIDENCE) / comparisons``; its upper bound ("worse", "same") stays at
+``DECISION_CONFIDENCE`` (``stats.verdict``'s ``upper_confidence``): the family-wise error that matters
+is a false promotion among the round's candidates.
 """
 from __future__ import annotations
 
@@ -334,7 +337,8 @@ class _Experiment:
             self.res.noise_cv = stats.noise_floor(b, seed=self.settings.seed).cv
             self.res.noise_source = "this experiment's baseline runs"
         v = stats.verdict(b, c, noise_cv=self.res.noise_cv or 0.0, min_margin=self.settings.min_margin,
-                          seed=self.settings.seed, confidence=self.confidence)
+                          seed=self.settings.seed, confidence=self.confidence,
+                          upper_confidence=stats.DECISION_CONFIDENCE)
         self.record(stage, metric, v)
         return v
 
@@ -437,7 +441,7 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
             if ex.progress:
                 ex.progress(f"  {outcome.reason}; continuing to n={more} per arm")
             continue
-        if settings.stop_when_not_better and more and stats.not_better(v):
+        if settings.stop_when_not_better and more and stats.not_better(v, min_margin=settings.min_margin):
             v = stats.stop_not_better(v)
             ex.record("futility", res.metric, v)
             break
@@ -458,8 +462,19 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
         if promising and settings.confirm and not stop:
             return _close(ex, _confirm(ex, schedule[0], mode, want="better" if v.ratio_median > 1 else "worse"),
                           final=True)
-        v = stats.stop_undecided(v, stop or f"run cap of {schedule[-1]} per arm reached")
-        ex.record("stopped", res.metric, v)
+        if promising and not settings.confirm and not stop:
+            # without a confirmation stage (a shared control's "better" is replicated by the promoted
+            # config's own noise floor), the runs a confirmation would add extend the comparison once
+            ext = schedule[-1] + schedule[0]
+            stop = ex.fill(ex.targets(ext), "experiment", run_mode)
+            if stop == "invalid":
+                res.invalid_reasons += ex.fatal()
+                return _finish(ex, "invalid", "runs cannot support a comparison")
+            ex.check_drift()
+            v = ex.verdict(f"n={ext} (one extension: promising at the run cap)") or v
+        if v.verdict == "undecided":
+            v = stats.stop_undecided(v, stop or f"run cap of {v.n_candidate} per arm reached")
+            ex.record("stopped", res.metric, v)
     res.stats = v
     if v.verdict != "better" or not settings.confirm:
         return _finish(ex, v.verdict, v.reason, confirmed=False)

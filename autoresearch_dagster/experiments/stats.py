@@ -74,9 +74,14 @@ class Verdict:
     underpowered: bool  # stopped without a decision while |ratio-1| >= margin
     reason: str
     ci_method: str
-    confidence: float = DECISION_CONFIDENCE
+    confidence: float = DECISION_CONFIDENCE  # two-sided level of the lower bound (the "better" claim)
     baseline: list[float] = field(default_factory=list)
     candidate: list[float] = field(default_factory=list)
+    upper_confidence: float | None = None  # two-sided level of the upper bound when it differs (``verdict``)
+
+    @property
+    def upper_level(self) -> float:
+        return self.confidence if self.upper_confidence is None else self.upper_confidence
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -181,7 +186,7 @@ def _p_value(a: np.ndarray, b: np.ndarray) -> float | None:
 
 def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: float,
             min_margin: float = MIN_MARGIN, seed: int = 0, confidence: float = DECISION_CONFIDENCE,
-            n_resamples: int = N_RESAMPLES) -> Verdict:
+            upper_confidence: float | None = None, n_resamples: int = N_RESAMPLES) -> Verdict:
     """better | same | worse | undecided from run-level capacities (higher is better).
 
     Statistic: median(candidate)/median(baseline) with a bootstrap CI (90% two-sided by default: each
@@ -190,6 +195,13 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
     (``aa_noise_floor``, methods.md §1). better: CI entirely above
     1+margin; worse: CI entirely below 1-margin; same: CI inside [1-margin, 1+margin]; anything else
     is undecided (the harness adds runs).
+
+    ``upper_confidence`` (when set and below ``confidence``) takes the upper bound from a narrower interval
+    of the same bootstrap seed: the multiplicity correction of a shared control (``confidence`` widened
+    for the candidates sharing it) then guards what each candidate would be promoted on, the lower
+    bound, while the upper bound ("worse", and the gain side of "same") keeps the per-comparison level.
+    A wrong "worse" or "same" costs a missed gain, never a false promotion, so correcting it buys no
+    protection and costs the power to see a loss.
     """
     a = _clean(baseline, "verdict baseline")
     b = _clean(candidate, "verdict candidate")
@@ -202,6 +214,13 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
     ratio = float(np.median(b) / np.median(a))
     lo, hi, method = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=confidence,
                                    n_resamples=n_resamples)
+    if upper_confidence is not None and upper_confidence < confidence:
+        _, hi_u, method_u = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=upper_confidence,
+                                          n_resamples=n_resamples)
+        hi = max(min(hi, hi_u), lo)
+        method = method if method_u == method else f"{method}/{method_u}"
+    else:
+        upper_confidence = None
     if lo > 1 + margin:
         name, reason = "better", f"CI [{lo:.4f}, {hi:.4f}] above 1+margin={1 + margin:.4f}"
     elif hi < 1 - margin:
@@ -214,7 +233,7 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
                    noise_cv=float(noise_cv), noise_floor=floor, n_baseline=len(a), n_candidate=len(b),
                    p_value=_p_value(a, b), equivalence_shown=name == "same", underpowered=False,
                    reason=reason, ci_method=method, confidence=confidence,
-                   baseline=a.tolist(), candidate=b.tolist())
+                   baseline=a.tolist(), candidate=b.tolist(), upper_confidence=upper_confidence)
 
 
 def run_schedule(budget: Budget | None = None) -> tuple[int, ...]:
@@ -264,16 +283,18 @@ def futility_bound(v: Verdict, confidence: float = FUTILITY_CONFIDENCE) -> float
     half-width times z(confidence) / z(verdict level)): cheaper than a second bootstrap, and a stop for
     futility needs less certainty than a claim of "better" (a wrong stop costs a missed gain, never a
     false promotion)."""
-    z_v = float(sps.norm.ppf(0.5 + v.confidence / 2))
+    z_v = float(sps.norm.ppf(0.5 + v.upper_level / 2))
     z_f = float(sps.norm.ppf(confidence))
     return v.ratio_median + max(0.0, v.ci_high - v.ratio_median) * z_f / z_v
 
 
-def not_better(v: Verdict) -> bool:
+def not_better(v: Verdict, *, min_margin: float = MIN_MARGIN) -> bool:
     """Further runs are unlikely to make this comparison "better": its one-sided futility bound lies below
-    1 + margin, and the estimate does not point to a loss (a "worse" still deserves the runs that show it)."""
+    1 + margin, and the estimate does not point to a loss of the practical size (``min_margin``): a
+    "worse" still deserves the runs that show it. (Against the stage's own margin, which the noise floor
+    of an early stage inflates to about 5%, a true -5% candidate stopped as "same" half the time.)"""
     return (v.verdict in ("undecided", "same") and futility_bound(v) < 1 + v.margin
-            and v.ratio_median >= 1 - v.margin)
+            and v.ratio_median >= 1 - min_margin)
 
 
 def stop_not_better(v: Verdict) -> Verdict:

@@ -66,3 +66,29 @@ def test_futility_stops_a_candidate_that_cannot_be_better(endpoint, pool):
     assert fut.verdict == "same" and "futility" in fut.reason
     assert len(fut.runs) < len(full.runs)
     assert stats.futility_bound(fut.stats) < 1 + fut.stats.margin
+
+
+def test_futility_never_stops_an_estimate_that_points_to_a_practical_loss():
+    """An early stage's margin is inflated by the noise floor (about 5% at 5 runs): a candidate measured
+    3.5% slower must keep its runs, or a true -5% loss ends as "same" half the time."""
+    v = stats.verdict([10.0, 10.3, 9.7, 10.1, 9.9], [9.65, 9.9, 9.4, 9.7, 9.55], noise_cv=0.04)
+    assert v.verdict in ("undecided", "same") and v.margin > 0.035
+    assert stats.futility_bound(v) < 1 + v.margin and v.ratio_median < 1 - stats.MIN_MARGIN
+    assert not stats.not_better(v)
+    flat = stats.verdict([10.0, 10.3, 9.7, 10.1, 9.9], [9.95, 10.2, 9.6, 10.0, 9.85], noise_cv=0.04)
+    assert stats.not_better(flat)  # no gain in sight and no loss either: stop
+
+
+def test_a_promising_comparison_at_the_run_cap_is_extended_once_without_a_confirmation_stage(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.12}), noise_cv=0.05)
+    noise = _noise(endpoint, pool, eng)
+    res = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), noise_cv=noise.capacity_cv,
+                         control=SharedControl(noise.runs), budget=Budget(initial_runs_per_arm=3,
+                                                                          max_runs_per_arm=3))
+    stages = [s["stage"] for s in res.stages]
+    assert stages[0] == "n=3" and res.stages[0]["verdict"] == "undecided"
+    assert abs(res.stages[0]["ratio_median"] - 1) >= res.stages[0]["margin"]  # promising at the cap
+    assert stages[1] == "n=6 (one extension: promising at the run cap)"
+    assert len([r for r in res.runs if r.arm == "candidate"]) == 6
+    assert res.verdict in ("better", "same") and len(stages) <= 3

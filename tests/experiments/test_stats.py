@@ -123,3 +123,22 @@ def test_the_proposal_margin_is_the_verdict_margin_at_the_run_cap():
     small = Budget(initial_runs_per_arm=2, max_runs_per_arm=2)
     assert stats.decision_margin(0.05, small) > stats.decision_margin(0.05)  # fewer runs, wider margin
     assert stats.decision_margin(0.0, min_margin=0.03) == 0.03
+
+
+def test_multiplicity_correction_guards_the_better_claim_only():
+    """A shared control's Bonferroni widening moves the lower bound (what a promotion rests on); with
+    ``upper_confidence`` the upper bound keeps the per-comparison level, so a loss stays visible."""
+    rng = np.random.default_rng(7)
+    base, cand = _sample(rng, 10.0, 0.03, 12), _sample(rng, 9.35, 0.03, 12)
+    wide = stats.verdict(base, cand, noise_cv=0.03, confidence=1 - 0.10 / 3)
+    split = stats.verdict(base, cand, noise_cv=0.03, confidence=1 - 0.10 / 3, upper_confidence=0.90)
+    plain = stats.verdict(base, cand, noise_cv=0.03)
+    assert split.ci_low == pytest.approx(wide.ci_low)  # the promotion side keeps the corrected level
+    assert split.ci_high == pytest.approx(plain.ci_high) and split.ci_high < wide.ci_high
+    assert split.upper_level == 0.90 and wide.upper_level == pytest.approx(1 - 0.10 / 3)
+    # the one-sided futility bound scales from the level the upper bound was computed at: both intervals
+    # give about the same 90% one-sided bound (scaling the narrower one by the wider level's z would not)
+    assert stats.futility_bound(split) == pytest.approx(stats.futility_bound(wide), rel=0.0015)
+    # a level above the lower bound's is ignored: the interval is never narrower on the promotion side
+    same_level = stats.verdict(base, cand, noise_cv=0.03, confidence=0.90, upper_confidence=0.95)
+    assert same_level.upper_confidence is None and same_level.ci_high == pytest.approx(plain.ci_high)
