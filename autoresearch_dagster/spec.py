@@ -1,4 +1,4 @@
-"""Owns the typed specs: endpoint, SLA, server config (SGLang 0.5.23 knob names), budgets.
+"""Owns the typed specs: endpoint, SLA, server config (SGLang 0.5.23 or vLLM 0.32 knob names), budgets.
 
 One table, ``KNOBS``, is the single source of truth for every tunable server knob: its SGLang
 name, type, default, allowed values or range, the research direction it belongs to, a one-line
@@ -8,7 +8,9 @@ value (which values compute in fp8 and are therefore lossy, which speculative al
 draft model or keep mixed chunks). Validation, the drift check's equality, the emulator's inputs,
 the tiny model's numerics, SGLang launch flags, the search space, the grid and the lossless/lossy
 classification all derive from it, and ``server_overrides`` holds the one SGLang resolution rule
-that overrides values the user set.
+that overrides values the user set. ``VLLM_KNOBS`` is the same for vLLM's EngineArgs; an endpoint
+reads the table of its engine (``knobs_for(endpoint.engine)``: vLLM's for ``engine: vllm``,
+SGLang's for every other engine).
 """
 from __future__ import annotations
 
@@ -188,30 +190,96 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
 ]}
 
 
-def knob(name: str) -> Knob:
+# vLLM 0.32's EngineArgs names (``vllm serve --help``; booleans are BooleanOptionalAction: --x / --no-x).
+# Defaults None are resolved by vLLM for the platform (on CPU: chunked prefill and prefix caching on,
+# block size 128); ``engines.vllm`` reads the resolved values back and checks them for drift.
+VLLM_KNOBS: dict[str, Knob] = {k.name: k for k in [
+    _K("max_num_seqs", int, None, "parallel_admission",
+       "largest running batch: more concurrent decodes (throughput) vs per-token latency and KV pressure",
+       low=1, high=8192, search_values=(8, 16, 32, 64, 128, 256)),
+    _K("max_num_batched_tokens", int, None, "scheduling_cache",
+       "token budget of one scheduler step: bigger prefill chunks lower TTFT but stall decodes (ITL spikes); "
+       "without chunked prefill it must cover max_model_len",
+       low=16, high=1048576, search_values=(256, 512, 1024, 2048, 4096, 8192)),
+    _K("enable_chunked_prefill", bool, None, "scheduling_cache",
+       "split long prefills across steps and mix them with decodes: smoother ITL, more steps per prompt",
+       search_values=(True, False)),
+    _K("long_prefill_token_threshold", int, 0, "scheduling_cache",
+       "a prompt longer than this is a long prefill, chunked at this size so short ones pass it; 0 disables",
+       low=0, high=1048576, nullable=False, search_values=(0, 256, 1024, 4096)),
+    _K("enable_prefix_caching", bool, None, "scheduling_cache",
+       "reuse KV blocks of shared prefixes: less prefill compute vs hashing and eviction bookkeeping",
+       search_values=(True, False)),
+    _K("block_size", int, None, "scheduling_cache",
+       "KV block size in tokens: larger blocks are cheaper to manage but partial blocks are not prefix-cached",
+       choices=(16, 32, 64, 128, 256), search_values=(32, 64, 128)),
+    _K("kv_cache_dtype", str, "auto", "kernels_quant",
+       "KV cache precision: fp8 doubles token capacity at some accuracy risk",
+       choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"), nullable=False,
+       aliases={"fp8": "fp8_e4m3"},
+       meanings={"fp8_e4m3": Meaning(fp8="e4m3"), "fp8_e5m2": Meaning(fp8="e5m2")}),
+    _K("scheduling_policy", str, "fcfs", "scheduling_cache",
+       "queue order: priority serves requests by their 'priority' field (same as fcfs without one)",
+       choices=("fcfs", "priority"), nullable=False),
+    _K("max_model_len", int, None, "parallel_admission",
+       "longest prompt + output served (requests over it are refused): more reach vs fewer concurrent sequences",
+       low=16, high=1048576),
+    _K("dtype", str, "auto", "kernels_quant",
+       "compute dtype of weights and activations (auto: the checkpoint's)",
+       choices=("auto", "bfloat16", "float16", "float32"), nullable=False,
+       meanings={"float16": Meaning()}),
+    _K("enforce_eager", bool, False, "kernels_quant",
+       "skip torch.compile / graph capture: faster start-up, slower steps", nullable=False),
+    _K("stream_interval", int, 1, "scheduling_cache",
+       "tokens per streamed chunk: less per-token overhead vs coarser client-side ITL",
+       low=1, high=64, nullable=False, search_values=(1, 2, 4)),
+    _K("tensor_parallel_size", int, 1, "parallel_admission",
+       "tensor parallel degree: splits weights over devices (on CPU: NUMA nodes) vs all-reduce cost",
+       choices=(1, 2, 4, 8), nullable=False),
+]}
+
+# Which table names an endpoint's knobs: vLLM's for the vllm engine; SGLang's for every other engine
+# (the emulator models an SGLang server; sglang, modal and external endpoints are SGLang's).
+KNOBS_BY_ENGINE: dict[str, dict[str, Knob]] = {"sglang": KNOBS, "vllm": VLLM_KNOBS}
+_TABLE_OF_ENGINE = {"vllm": "vllm"}
+
+
+def knob_table(engine: str = "sglang") -> str:
+    """The knob table an engine reads ('sglang' or 'vllm')."""
+    return _TABLE_OF_ENGINE.get(engine, "sglang")
+
+
+def knobs_for(engine: str = "sglang") -> dict[str, Knob]:
+    """The knob table of an engine kind (``EndpointSpec.engine``)."""
+    return KNOBS_BY_ENGINE[knob_table(engine)]
+
+
+def knob(name: str, engine: str = "sglang") -> Knob:
+    table = knobs_for(engine)
     try:
-        return KNOBS[name]
+        return table[name]
     except KeyError:
-        raise SpecError(f"unknown server knob {name!r}; known knobs: {', '.join(sorted(KNOBS))}") from None
+        which = "" if table is KNOBS else f"{knob_table(engine)} "
+        raise SpecError(f"unknown {which}server knob {name!r}; known knobs: {', '.join(sorted(table))}") from None
 
 
-def validate_server_config(values: dict[str, Any]) -> dict[str, Any]:
-    """Validate a server config mapping (SGLang field names, or --flag spellings); unknown knobs are errors."""
+def validate_server_config(values: dict[str, Any], engine: str = "sglang") -> dict[str, Any]:
+    """Validate a server config mapping (the engine's field names, or --flag spellings); unknown knobs are errors."""
     out: dict[str, Any] = {}
     for raw_name, value in (values or {}).items():
         name = raw_name.lstrip("-").replace("-", "_")
-        out[name] = knob(name).validate(value)
+        out[name] = knob(name, engine).validate(value)
     return out
 
 
-def is_lossy(config: dict[str, Any], baseline: dict[str, Any] | None = None) -> bool:
+def is_lossy(config: dict[str, Any], baseline: dict[str, Any] | None = None, engine: str = "sglang") -> bool:
     """A change is lossy when it sets a knob to a lossy value (``Meaning.lossy``) other than the baseline's.
 
     Going back to the checkpoint's precision is not lossy: it only removes a loss the baseline had.
     """
     baseline = baseline or {}
     for name, value in config.items():
-        k = knob(name)
+        k = knob(name, engine)
         if k.meaning(value).lossy and k.canonical(value) != k.canonical(baseline.get(name, k.default)):
             return True
     return False
@@ -235,16 +303,22 @@ def server_overrides(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def launch_flags(config: dict[str, Any]) -> list[str]:
-    """SGLang command-line flags for a validated config (unset knobs are left to the server)."""
+def launch_flags(config: dict[str, Any], engine: str = "sglang") -> list[str]:
+    """The engine's command-line flags for a validated config (unset knobs are left to the server).
+
+    SGLang's booleans are store_true flags (false = leave it out); vLLM's are BooleanOptionalAction
+    and several default to a platform-resolved value, so false is spelled ``--no-<flag>``."""
     flags: list[str] = []
-    for name, value in validate_server_config(config).items():
-        k = KNOBS[name]
+    table = knobs_for(engine)
+    for name, value in validate_server_config(config, engine).items():
+        k = table[name]
         if value is None:
             continue
         if k.type is bool:
             if value:
                 flags.append(k.flag)
+            elif table is VLLM_KNOBS:
+                flags.append("--no-" + k.flag[2:])
             continue
         flags += [k.flag, str(value)]
     return flags
@@ -365,7 +439,7 @@ class SLA(BaseModel):
 
 # ---------------------------------------------------------------- endpoint
 
-EngineKind = Literal["emulator", "sglang", "modal", "external"]
+EngineKind = Literal["emulator", "sglang", "vllm", "modal", "external"]
 LogFormat = Literal["auto", "openai", "mooncake", "azure", "burstgpt"]
 
 
@@ -436,16 +510,20 @@ class EndpointSpec(BaseModel):
     def _parse_sla(cls, v: Any) -> Any:
         return SLA.parse(v) if isinstance(v, str) else v
 
-    @field_validator("server_config")
-    @classmethod
-    def _check_config(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return validate_server_config(v)
-
     @model_validator(mode="after")
     def _check_engine(self) -> "EndpointSpec":
         if self.engine == "external" and not self.url:
             raise SpecError(f"endpoint {self.name!r}: engine 'external' needs a url")
+        try:  # the engine's own knob table (engine is known only once every field is read)
+            self.server_config = validate_server_config(self.server_config, self.engine)
+        except SpecError as e:
+            raise SpecError(f"server_config: {e}") from None
         return self
+
+    @property
+    def knobs(self) -> dict[str, Knob]:
+        """The knob table of this endpoint's engine."""
+        return knobs_for(self.engine)
 
     @property
     def gpus(self) -> int:
