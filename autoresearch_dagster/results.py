@@ -110,6 +110,16 @@ TABLES: dict[str, pa.Schema] = {
                            ("ratio_low", _F), ("ratio_high", _F), ("verdict", _S), ("measured_ratio", _F),
                            ("margin", _F), ("scored", _B), ("predicted_direction", _S), ("measured_direction", _S),
                            ("direction_hit", _B), ("covered", _B), ("abs_log_error", _F), ("recorded_at", _TS)),
+    "calibrations": _schema(("version", _I), ("engine", _S), ("engine_version", _S), ("model", _S), ("gpu", _S),
+                            ("config_hash", _S), ("pool_hash", _S), ("reason", _S), ("source", _S),
+                            ("params_json", _S), ("efficiency_json", _S), ("error_before", _F), ("error_after", _F),
+                            ("points", _I), ("success", _B), ("path", _S), ("detail_json", _S), ("created_at", _S)),
+    "emulator_errors": _schema(("experiment_id", _S), ("proposal_id", _S), ("campaign_id", _S), ("round", _I),
+                               ("era", _I), ("knobs", _LS), ("families", _LS), ("family", _S), ("emulated_ratio", _F),
+                               ("measured_ratio", _F), ("ci_low", _F), ("ci_high", _F), ("log_error", _F),
+                               ("abs_log_error", _F), ("verdict", _S), ("emulated_baseline_rps", _F),
+                               ("emulated_candidate_rps", _F), ("calibration_version", _I), ("surrogate_model", _S),
+                               ("recorded_at", _TS)),
     "campaign_results": _schema(("campaign_id", _S), ("ended_because", _S), ("original_capacity_rps", _F),
                                 ("final_capacity_rps", _F), ("original_rps_per_gpu", _F), ("final_rps_per_gpu", _F),
                                 ("gain", _F), ("gain_ci_low", _F), ("gain_ci_high", _F), ("lossy", _B),
@@ -135,7 +145,9 @@ TABLE_OWNERS = ({t: "autoresearch_dagster.experiments.runs" for t in ("runs", "l
                 | {t: "autoresearch_dagster.experiments.campaign"
                    for t in ("endpoints", "configs", "campaigns", "baselines")}
                 | {t: "autoresearch_dagster.experiments.experiment" for t in ("experiments", "verdicts")}
-                | {"noise": "autoresearch_dagster.experiments.noise", "findings": "autoresearch_dagster.memory"}
+                | {"noise": "autoresearch_dagster.experiments.noise", "findings": "autoresearch_dagster.memory",
+                   "calibrations": "autoresearch_dagster.emulator.calibrations",
+                   "emulator_errors": "autoresearch_dagster.campaign.loop"}
                | {t: "autoresearch_dagster.campaign.loop" for t in ("proposals", "predictions", "campaign_results")}
                | {"approvals": "autoresearch_dagster.campaign.review",
                   "production_fidelity": "autoresearch_dagster.experiments.production_replay",
@@ -184,6 +196,12 @@ QUESTION_VIEWS = {
                avg(CASE WHEN covered THEN 1.0 ELSE 0.0 END) AS coverage,
                median(abs_log_error) AS median_abs_log_error
         FROM predictions WHERE scored GROUP BY ALL ORDER BY endpoint, campaign_id, proposer, direction""",
+    "emulator_error_by_family": """
+        SELECT endpoint, family, count(*) AS experiments, median(abs_log_error) AS median_abs_log_error,
+               exp(avg(log_error)) - 1 AS bias, max(abs_log_error) AS worst_abs_log_error,
+               min(recorded_at) AS first_at, max(recorded_at) AS last_at
+        FROM (SELECT endpoint, unnest(families) AS family, log_error, abs_log_error, recorded_at FROM emulator_errors)
+        GROUP BY ALL ORDER BY endpoint, family""",
     "verdict_history": """
         SELECT v.endpoint, v.decided_at, v.experiment_id, e.kind, e.candidate_hash, e.baseline_hash,
                v.stage, v.verdict, v.ratio_median, v.ci_low, v.ci_high, v.margin, v.n_baseline,

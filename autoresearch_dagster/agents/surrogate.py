@@ -121,17 +121,19 @@ class Surrogate:
         """Fit the memory-bandwidth and GEMM/MoE efficiency to measured load steps of ``config`` (the
         baseline's noise run at its median), on median latencies of steps well below the knee; keeps
         the fit only if it lowers the error."""
-        from autoresearch_dagster.emulator.calibrate import calibrate, curve_points
-        from autoresearch_dagster.emulator.catalog import model_card
+        from autoresearch_dagster.emulator.calibrate import below_knee, curve_points
 
-        passing = [s for s in steps if s.get("meets_sla") and s.get("valid", True) and s.get("kind") != "warmup"]
-        top = max((s.get("rate_rps") or 0 for s in passing), default=0.0)
-        # below the knee latencies reflect step times, not queueing (which no efficiency factor explains)
-        usable = sorted((s for s in passing if (s.get("rate_rps") or 0) <= 0.7 * top),
-                        key=lambda s: s.get("rate_rps") or 0)[-3:]
-        points = curve_points(usable)
+        points = curve_points(below_knee(steps, keep=3))
         if len(points) < 2:
             return {"fitted": False, "reason": "fewer than 2 measured steps well below the knee"}
+        return self.fit(config, points, max_evals=max_evals)
+
+    def fit(self, config: dict[str, Any], points: list[Any], *, max_evals: int = 10) -> dict[str, Any]:
+        """Fit the memory-bandwidth and GEMM/MoE efficiency to ``points`` (CurvePoints, each may name its own
+        config); keeps the fit only if it lowers the error."""
+        from autoresearch_dagster.emulator.calibrate import calibrate
+        from autoresearch_dagster.emulator.catalog import model_card
+
         params = ("mbu", "moe_mfu" if model_card(self.endpoint.model).is_moe else "gemm_mfu")
         res = calibrate(self.endpoint, config, self.pool, points, params=params, start=self.efficiency,
                         metrics=(("ttft_ms", "p50"), ("tpot_ms", "p50"), ("itl_ms", "p50")), max_evals=max_evals,
@@ -142,7 +144,9 @@ class Surrogate:
             self.efficiency = res.efficiency
             self.cache.clear()
         self.calibration = {"fitted": fitted and after < before, "params": res.params, "error_before": before,
-                            "error_after": after, "points": len(points), "n_evals": res.n_evals}
+                            "error_after": after, "points": len(points), "n_evals": res.n_evals,
+                            "error_before_by_metric": res.initial_error, "error_after_by_metric": res.error,
+                            "residuals": res.predictions, "success": res.success}
         return self.calibration
 
 

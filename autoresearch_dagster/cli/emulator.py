@@ -1,7 +1,7 @@
 """Owns `autoresearch emulator ...`: the embedded SGLang emulator's commands.
 
 ``serve`` (EMU-HTTP) runs the emulator's real-time OpenAI-compatible HTTP server until SIGINT or
-SIGTERM. Other subcommands (``grid``) are registered by the emulator core's owner beside it.
+SIGTERM. Other subcommands (``grid``; ``calibrate`` and ``errors``) are registered by their modules beside it.
 """
 from __future__ import annotations
 
@@ -13,13 +13,17 @@ from autoresearch_dagster.spec import SpecError, load_endpoint, load_server_conf
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("emulator", help="the embedded SGLang emulator: serve it over HTTP, grid search",
+    p = subparsers.add_parser("emulator", help="the embedded SGLang emulator: serve it over HTTP, grid search, "
+                                                "calibrate it, its error report",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="emulator_cmd", metavar="COMMAND", required=True)
     _register_serve(sub)
     from autoresearch_dagster.cli.emulator_grid import register_grid  # the emulator core's `grid`
 
     register_grid(sub)
+    from autoresearch_dagster.cli.emulator_calibrate import register_calibrate
+
+    register_calibrate(sub)
 
 
 # ---------------------------------------------------------------------- serve (EMU-HTTP)

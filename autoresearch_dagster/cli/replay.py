@@ -168,11 +168,13 @@ def _capacity(args: argparse.Namespace) -> int:
     try:
         result = find_capacity(dep, pool, sla, gpus=gpus, model=model, settings=settings, seed=args.seed,
                                progress=ConsoleProgress())
+        info = dep.server_info() or {}  # the engine version a calibration on this curve records
     finally:
         close()
     summary = {**result.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash,
                "target": args.url or args.endpoint, "engine": args.engine or ("external" if args.url else "emulator"),
-               "model": model, "gpus": gpus}
+               "model": model, "gpus": gpus, "engine_version": info.get("version"),
+               "server_config": dict(load_endpoint(args.endpoint).server_config) if args.endpoint else None}
     files.write_records(result.outcomes, out / "records.parquet")
     files.write_load_curve(summary["steps"], out)
     plots.plot_load_curve([(summary["steps"], result.capacity_rps)], out / "load_curve.png", sla=sla)

@@ -5,7 +5,9 @@ Given the load curve of a real endpoint (per load step: arrival rate and latency
 ``calibrate`` replays each step's rate in the virtual-time emulator (noise off, fixed seeds, the
 runner's own schedule builder and step summary) and fits chosen ``Efficiency`` factors by
 bounded non-linear least squares (``scipy.optimize.least_squares``) on log-ratios of predicted to
-measured percentiles. It reports the fitted factors and the remaining error per metric.
+measured percentiles. It reports the fitted factors and the remaining error per metric. Points may carry the config they
+were measured on, so one fit can span a baseline and candidates (what a drift re-calibration does:
+the configs' differences are what the campaign's predictions are about).
 
 Identifiability: decode (TPOT/ITL at low load) is memory-bound and pins ``mbu``; prefill (TTFT of
 long prompts) is compute-bound and pins ``gemm_mfu`` (``moe_mfu`` for MoE models). A per-step
@@ -16,7 +18,7 @@ a profile or with a second model size. Fit only what the curve can see.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,20 @@ BOUNDS = {"gemm_mfu": (0.05, 1.0), "moe_mfu": (0.05, 1.0), "attn_mfu": (0.05, 1.
           "per_req_overhead_s": (1e-7, 1e-3), "eager_layer_s": (1e-6, 1e-3)}
 
 
+def fittable() -> dict[str, tuple[float, float]]:
+    """Every Efficiency factor with its fit bounds: ``BOUNDS`` where documented, else (read from the fields, so
+    a factor added to the cost model is fittable at once) fractions of peak in [0.05, 1] and times in
+    [default / 20, default x 20]."""
+    out = {}
+    for f in fields(Efficiency):
+        d = f.default
+        if f.name in BOUNDS:
+            out[f.name] = BOUNDS[f.name]
+        elif isinstance(d, (int, float)) and d > 0:
+            out[f.name] = (d / 20, d * 20) if f.name.endswith("_s") else (0.05, 1.0)
+    return out
+
+
 @dataclass
 class CurvePoint:
     """One measured load step: the arrival rate and latency percentiles in ms ({"ttft_ms": {"p50": ...}, ...})."""
@@ -41,6 +57,7 @@ class CurvePoint:
     metrics: dict[str, dict[str, float | None]]
     duration_s: float = 60.0
     seed: int = 0
+    config: dict[str, Any] | None = None  # the server config it was measured on (None: the one ``calibrate`` gets)
 
 
 @dataclass
@@ -85,6 +102,17 @@ def curve_points(steps: list[Any], *, duration_s: float | None = None) -> list[C
     return out
 
 
+def below_knee(steps: list[dict[str, Any]], *, fraction: float = 0.7, keep: int | None = None) -> list[dict[str, Any]]:
+    """The valid load steps that met the SLA at no more than ``fraction`` x the highest passing rate (the last
+    ``keep`` of them by rate, when given): below the knee latencies reflect step times, not queueing, which no
+    efficiency factor explains (near the knee a few percent of speed moves TTFT by multiples)."""
+    passing = [s for s in steps if s.get("meets_sla") and s.get("valid", True) is not False
+               and s.get("kind") != "warmup"]
+    top = max((s.get("rate_rps") or 0 for s in passing), default=0.0)
+    usable = sorted((s for s in passing if (s.get("rate_rps") or 0) <= fraction * top), key=lambda s: s.get("rate_rps") or 0)
+    return usable[-keep:] if keep else usable
+
+
 def predict(endpoint: Any, config: dict[str, Any], pool: Any, points: list[CurvePoint], eff: Efficiency, *,
             request_timeout_s: float = REQUEST_TIMEOUT_S) -> list[Any]:
     """The emulator's LoadStep for each point's rate (noise off; the runner's own step).
@@ -96,7 +124,8 @@ def predict(endpoint: Any, config: dict[str, Any], pool: Any, points: list[Curve
 
     out = []
     for k, p in enumerate(points):
-        dep = VirtualDeployment(endpoint, config, seed=p.seed, noise=NoiseSettings.off(), efficiency=eff,
+        dep = VirtualDeployment(endpoint, config if p.config is None else p.config, seed=p.seed,
+                                noise=NoiseSettings.off(), efficiency=eff,
                                 sample_interval_s=0)
         offsets = step_offsets(p.rate_rps, p.duration_s, seed=p.seed)
         out.append(run_offsets(dep, pool, offsets, endpoint.sla, rate_rps=p.rate_rps, model=endpoint.model,
@@ -133,13 +162,13 @@ def calibrate(endpoint: Any, config: dict[str, Any], pool: Any, points: list[Cur
     ``request_timeout_s``: see ``predict``)."""
     if not points:
         raise SpecError("calibration needs at least one measured load step")
-    unknown = [p for p in params if p not in BOUNDS]
+    unknown = [p for p in params if p not in fittable()]
     if unknown:
-        raise SpecError(f"cannot calibrate {unknown}; choose from {sorted(BOUNDS)}")
+        raise SpecError(f"cannot calibrate {unknown}; choose from {sorted(fittable())}")
     base = start or Efficiency()
     x0 = np.log([getattr(base, p) for p in params])
-    lo = np.log([BOUNDS[p][0] for p in params])
-    hi = np.log([BOUNDS[p][1] for p in params])
+    lo = np.log([fittable()[p][0] for p in params])
+    hi = np.log([fittable()[p][1] for p in params])
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
     evals = [0]
     names_box: list[list[str]] = [[]]
@@ -164,7 +193,7 @@ def calibrate(endpoint: Any, config: dict[str, Any], pool: Any, points: list[Cur
     pred = predict(endpoint, config, pool, points, eff, request_timeout_s=request_timeout_s)
     r, names = _residuals(pred, points, metrics)
     err, worst = _summ(r, names)
-    rows = [{"rate_rps": p.rate_rps, **{f"{m}.{q}": {"measured": (p.metrics.get(m) or {}).get(q),
+    rows = [{"rate_rps": p.rate_rps, **({"config": p.config} if p.config is not None else {}), **{f"{m}.{q}": {"measured": (p.metrics.get(m) or {}).get(q),
                                                       "emulated": getattr(st, m, {}).get(q)} for m, q in metrics}}
             for p, st in zip(points, pred)]
     return CalibrationResult(efficiency=eff, params={p: float(getattr(eff, p)) for p in params},

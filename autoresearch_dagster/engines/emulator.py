@@ -11,7 +11,9 @@ the runner's ``HttpDeployment``.
 
 Hidden factors (``emulator.cost.endpoint_efficiency``): an endpoint whose spec sets
 ``engine_options: {hidden_factors_seed: N}`` runs on efficiency factors of its own, never reported by a
-deployment; the proposers' surrogate never uses them.
+deployment; the proposers' surrogate never uses them. An endpoint whose spec sets
+``engine_options: {calibration: latest}`` (or a calibration file) runs on its stored calibration
+(``emulator.calibrations``).
 """
 from __future__ import annotations
 
@@ -162,7 +164,10 @@ class EmulatorEngine:
         gpu(endpoint.hardware.gpu)
         self.endpoint, self.mode = endpoint, mode
         self.noise = noise
-        self.efficiency = efficiency if efficiency is not None else endpoint_efficiency(endpoint.engine_options)
+        from autoresearch_dagster.emulator.calibrations import calibrated_efficiency
+
+        self.efficiency = efficiency if efficiency is not None else (
+            calibrated_efficiency(endpoint) or endpoint_efficiency(endpoint.engine_options))
 
     def deploy(self, config: dict[str, Any], *, seed: int = 0):
         if self.mode == "virtual":
