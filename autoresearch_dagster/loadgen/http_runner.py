@@ -8,7 +8,9 @@ independent tasks on one pooled aiohttp session; nothing waits for earlier respo
 
 Every request ends in exactly one record (ok / error / timeout) with its intended and actual send
 offsets, TTFT, every inter-chunk gap, E2E, output tokens (usage, else counted chunks), HTTP status,
-error class and bytes. Timeouts are bounded (connect, first token, total) and the step stops by
+error class and bytes; an HTTP error's class is read from its body (``loadgen.failures``: context too
+long, unsupported request feature, ...) and the step's ``meta["failures"]`` counts each class with its
+first message. Timeouts are bounded (connect, first token, total) and the step stops by
 itself at its deadline, recording what is still outstanding as timed out. 429s are failures (their
 Retry-After is counted, never obeyed by retrying: that would hide load). The runner watches itself:
 a p99 send lag over the threshold or a saturated client core (thread CPU time / wall, excluding the
@@ -33,6 +35,7 @@ import aiohttp
 import numpy as np
 
 from autoresearch_dagster.engines.base import http_request
+from autoresearch_dagster.loadgen.failures import classify_http_error, tally
 from autoresearch_dagster.loadgen.prometheus import snapshot
 from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest, StepOutcome
 from autoresearch_dagster.loadgen.sse import SSEDecoder, StreamTracker
@@ -76,7 +79,7 @@ class _Job:
 
 class _State:
     __slots__ = ("job", "sent", "end", "tracker", "status", "http_status", "error_class", "nbytes",
-                 "reason", "retry_after", "handles")
+                 "reason", "retry_after", "handles", "message")
 
     def __init__(self, job: _Job) -> None:
         self.job = job
@@ -90,6 +93,7 @@ class _State:
         self.reason: str | None = None
         self.retry_after: str | None = None
         self.handles: list[asyncio.TimerHandle] = []
+        self.message: str | None = None  # the server's error message, when it gave one
 
 
 def _jobs(schedule: list[ScheduledRequest]) -> list[_Job]:
@@ -177,8 +181,13 @@ class _Executor:
             await asyncio.gather(scraper, return_exceptions=True)
         wall = max(perf() - wall0, 1e-9)
         cpu = time.thread_time() - cpu0
+        messages: dict[str, str] = {}
+        for st in states:
+            if st.message and st.error_class:
+                messages.setdefault(st.error_class, st.message)
         return {
             "records": [vars(self._record(st)) for st in states],
+            "messages": messages,
             "retry_after": [st.retry_after for st in states if st.retry_after is not None],
             "cpu_busy_send": max(0.0, send_cpu - self.spin_idle_s) / send_wall,
             "cpu_busy": max(0.0, cpu - self.spin_idle_s) / wall,
@@ -206,10 +215,10 @@ class _Executor:
                                          headers={**self.headers, "X-Request-Id": st.job.request_id}) as resp:
                 st.http_status = resp.status
                 if resp.status != 200:
-                    st.nbytes += len(await resp.content.read(65536))
+                    body = await resp.content.read(65536)
+                    st.nbytes += len(body)
                     st.status = "error"
-                    st.error_class = ("http_429" if resp.status == 429 else
-                                      "http_5xx" if resp.status >= 500 else "http_4xx")
+                    st.error_class, st.message = classify_http_error(resp.status, body)
                     if resp.status == 429:
                         st.retry_after = resp.headers.get("Retry-After", "")
                     return
@@ -252,7 +261,7 @@ class _Executor:
     def _classify_stream(st: _State) -> None:
         tr = st.tracker
         if tr.error is not None:
-            st.status, st.error_class = "error", "stream_error"
+            st.status, st.error_class, st.message = "error", "stream_error", tr.error
         elif tr.n_malformed:
             st.status, st.error_class = "error", "stream_malformed"
         elif not tr.done and tr.usage_tokens is None:
@@ -426,6 +435,7 @@ class HttpDeployment:
         by_id: dict[str, RequestRecord] = {}
         invalid: list[str] = []
         busy, retry_after, timeseries = [], [], []
+        messages: dict[str, str] = {}
         for k, (status, payload) in enumerate(parts):
             if status != "ok":
                 invalid.append(f"runner worker {k} failed: {payload}")
@@ -434,6 +444,8 @@ class HttpDeployment:
                 by_id[r["request_id"]] = RequestRecord(**r)
             busy.append(payload["cpu_busy_send"])
             retry_after.extend(payload["retry_after"])
+            for cls, msg in payload.get("messages", {}).items():
+                messages.setdefault(cls, msg)
             timeseries.extend(payload["timeseries"])
         records = []
         for s in schedule:  # a request a failed worker never reported still ends in a record
@@ -457,7 +469,8 @@ class HttpDeployment:
             client_invalid_reasons=invalid, engine_timeseries=sorted(timeseries, key=lambda r: r["t_s"]),
             meta={"t0_monotonic": t0, "workers": workers, "send_lag_p50_ms": lag_p50 * 1e3,
                   "send_lag_p99_ms": lag_p99 * 1e3, "send_lag_max_ms": lag_max * 1e3,
-                  "client_cpu_busy": busy, "n_retry_after": len(retry_after), "base_url": self.base_url},
+                  "client_cpu_busy": busy, "n_retry_after": len(retry_after), "base_url": self.base_url,
+                  "failures": tally(records, messages)},
         )
 
     # ---------------------------------------------------------------- admin
