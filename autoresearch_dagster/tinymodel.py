@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -33,6 +34,8 @@ import sys
 import threading
 import time
 import uuid
+import zlib
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -74,7 +77,7 @@ class Numerics:
     kv_fp8: str | None = None  # None | e4m3 | e5m2
     kv_scale: float = 1.0
     weight_noise: float = 0.0  # relative Gaussian noise on every linear weight (seeded)
-    logit_jitter: float = 0.0  # unseeded noise on every logit per call: a server whose results vary run to run
+    logit_jitter: float = 0.0  # noise on every logit, new on every call: a server whose results vary run to run
     broken: str | None = None  # None | scale | drop_layer | rope
 
     def label(self) -> str:
@@ -168,6 +171,9 @@ class TinyConfig:
     rope_base: float = 10000.0
 
 
+_INSTANCES = itertools.count()  # distinct jitter streams per model built in this process
+
+
 class TinyTransformer:
     """A causal transformer evaluated with plain torch ops so every numerics switch is explicit."""
 
@@ -177,6 +183,9 @@ class TinyTransformer:
         self.seed = seed
         self._dtype = torch.bfloat16 if self.numerics.dtype == "bfloat16" else torch.float32
         self.w = self._prepare(self._init_weights(seed))
+        self._instance = next(_INSTANCES)
+        self._jitter_calls: Counter = Counter()
+        self._jitter_lock = threading.Lock()
 
     def _init_weights(self, seed: int) -> dict[str, torch.Tensor]:
         c = self.cfg
@@ -278,8 +287,19 @@ class TinyTransformer:
         logits = self._linear(self._rms(x), "head").float()
         if n.logit_jitter:
             # like batch-dependent reduction order on a GPU: differs between calls, not between positions' meaning
-            logits = logits + torch.randn(logits.shape) * n.logit_jitter
+            logits = logits + self._jitter(logits.shape, start, ids) * n.logit_jitter
         return torch.log_softmax(logits, dim=-1)
+
+    def _jitter(self, shape: torch.Size, start: int, ids: list[int]) -> torch.Tensor:
+        """Standard normal noise that differs between calls (the k-th call for the same positions and tokens,
+        on this instance, draws the k-th stream) yet does not depend on how concurrent requests interleave,
+        so a test of a jittery server sees the same numbers on every run."""
+        key = (start, tuple(ids))
+        with self._jitter_lock:
+            k = self._jitter_calls[key]
+            self._jitter_calls[key] += 1
+        g = torch.Generator().manual_seed(zlib.crc32(repr((self._instance, self.seed, k, key)).encode()))
+        return torch.randn(shape, generator=g)
 
     def logprobs(self, ids: list[int]) -> torch.Tensor:
         """Log-probabilities [T, vocab] of the next token after each prefix of ``ids`` (float32)."""
