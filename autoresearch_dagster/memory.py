@@ -26,7 +26,8 @@ from typing import Any
 
 from autoresearch_dagster.outputs.files import atomic_write_text
 from autoresearch_dagster.results import utc_now
-from autoresearch_dagster.spec import KNOBS
+from autoresearch_dagster.emulator.hf_config import ARCHITECTURES, config_path, read_config
+from autoresearch_dagster.spec import KNOBS, SpecError, model_is_path
 
 README = """# AutoResearch memory
 
@@ -41,7 +42,18 @@ Written by the campaigns (`autoresearch campaign run`, the Dagster loop); one JS
 
 
 def model_family(model: str) -> str:
-    m = re.match(r"[a-z]+", (model or "").lower().split("/")[-1])
+    """The family findings are keyed by: the leading letters of the model's name ("llama-3.1-8b" -> llama), or,
+    for a model given as a config.json, of its ``model_type`` (else ``architectures[0]``): a fine-tune's file
+    name says nothing about its family."""
+    name = (model or "").lower().split("/")[-1]
+    if model and model_is_path(model):
+        try:
+            cfg = read_config(config_path(model))
+            arch = str((cfg.get("architectures") or [""])[0])
+            name = str(cfg.get("model_type") or ARCHITECTURES.get(arch, arch)).lower() or name
+        except SpecError:
+            pass  # an unreadable config keeps its path's name; the spec check reports the file itself
+    m = re.match(r"[a-z]+", name)
     return m.group(0) if m else (model or "unknown")
 
 

@@ -60,3 +60,17 @@ def test_a_torn_line_is_skipped_not_fatal(tmp_path):
     with open(mem.endpoint_file("demo"), "a") as f:
         f.write('{"half": \n')
     assert len(mem.entries("demo")) == 1
+
+
+def test_a_model_given_as_config_json_is_keyed_by_its_model_type(tmp_path):
+    from autoresearch_dagster.memory import model_family
+
+    cfg = tmp_path / "acme-support-ft-v3" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text('{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}')
+    assert model_family(str(cfg)) == "qwen" and model_family(str(cfg.parent)) == "qwen"
+    arch_only = tmp_path / "ft.json"
+    arch_only.write_text('{"architectures": ["LlamaForCausalLM"]}')
+    assert model_family(str(arch_only)) == "llama"
+    assert model_family("llama-3.1-8b") == "llama" and model_family("meta-llama/Llama-3.1-8B") == "llama"
+    assert model_family(str(tmp_path / "missing" / "config.json")) == "config"  # unreadable: the path's name
