@@ -1,6 +1,6 @@
 """Owns the engine factory: ``make_engine(endpoint, **opts)`` builds the Engine an endpoint names.
 
-``emulator`` -> EmulatorEngine (default), ``sglang`` -> SGLangEngine, ``modal`` -> ModalEngine,
+``emulator`` -> EmulatorEngine (default), ``sglang`` -> SGLangEngine, ``vllm`` -> VllmEngine, ``modal`` -> ModalEngine,
 ``external`` -> ExternalEngine. Options an engine's constructor does not take are ignored, so
 callers (CLI, Dagster resources) can pass one set of settings (``mode``, ``noise``, ...) to any kind.
 An ``api_key`` value is never handed on as text: it is placed in this process's environment under
@@ -20,6 +20,7 @@ API_KEY_ENV = "AUTORESEARCH_ENGINE_API_KEY"
 _ENGINES = {
     "emulator": ("autoresearch_dagster.engines.emulator", "EmulatorEngine"),
     "sglang": ("autoresearch_dagster.engines.sglang", "SGLangEngine"),
+    "vllm": ("autoresearch_dagster.engines.vllm", "VllmEngine"),
     "modal": ("autoresearch_dagster.engines.modal", "ModalEngine"),
     "external": ("autoresearch_dagster.engines.external", "ExternalEngine"),
 }

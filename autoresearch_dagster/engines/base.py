@@ -1,7 +1,7 @@
 """Owns the Engine protocol: deploy(config) -> a running Deployment that can execute load steps.
 
 Implementations: ``emulator`` (default; in-process virtual time or its real-time HTTP server),
-``sglang`` (local server subprocess), ``modal`` (remote GPU), ``external`` (an existing URL,
+``sglang`` and ``vllm`` (local server subprocesses), ``modal`` (remote GPU), ``external`` (an existing URL,
 measure only). The harness, the capacity search and the CLI only talk to this protocol.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import urllib.request
 from typing import Any, Protocol, runtime_checkable
 
 from autoresearch_dagster.loadgen.records import ScheduledRequest, StepOutcome
-from autoresearch_dagster.spec import KNOBS
+from autoresearch_dagster.spec import knobs_for
 
 DRIFT_PREFIX = "config drift"
 
@@ -30,10 +30,10 @@ class ConfigDriftError(EngineError):
         self.drift = list(drift)
 
 
-def same_value(name: str, got: Any, want: Any) -> bool:
+def same_value(name: str, got: Any, want: Any, engine: str = "sglang") -> bool:
     """A resolved knob value equals the requested one: equal, equal as text, spellings of one value
-    (the knob's aliases in ``spec.KNOBS``), or numerically close."""
-    k = KNOBS.get(name)
+    (the knob's aliases in the engine's knob table, ``spec.knobs_for``), or numerically close."""
+    k = knobs_for(engine).get(name)
     if k is not None:
         got, want = k.canonical(got), k.canonical(want)
     if got == want or str(got) == str(want):
@@ -43,7 +43,7 @@ def same_value(name: str, got: Any, want: Any) -> bool:
             and not isinstance(want, bool) and math.isclose(float(got), float(want), rel_tol=1e-9))
 
 
-def config_drift(requested: dict[str, Any], server_info: dict[str, Any]) -> list[str]:
+def config_drift(requested: dict[str, Any], server_info: dict[str, Any], engine: str = "sglang") -> list[str]:
     """One ``config drift: ...`` message per knob the config set whose resolved value (``/server_info``,
     flat or under ``server_args``) differs. An engine that reports no config at all (an external
     endpoint) has nothing to verify."""
@@ -56,7 +56,7 @@ def config_drift(requested: dict[str, Any], server_info: dict[str, Any]) -> list
             continue
         if name not in resolved:
             out.append(f"{DRIFT_PREFIX}: {name} not reported by the server (requested {want!r})")
-        elif not same_value(name, resolved[name], want):
+        elif not same_value(name, resolved[name], want, engine):
             out.append(f"{DRIFT_PREFIX}: {name} resolved to {resolved[name]!r}, requested {want!r}")
     return out
 
