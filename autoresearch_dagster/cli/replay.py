@@ -2,7 +2,11 @@
 
 Targets: ``--url`` (any OpenAI-compatible endpoint, measured as it is), or ``--engine emulator
 --endpoint FILE`` (the embedded emulator in virtual time) / ``--engine emulator-http`` (its
-real-time HTTP server). Writes DIR/summary.json, DIR/records.parquet, DIR/load_curve.{csv,parquet}
+real-time HTTP server), or ``--endpoint FILE`` of an ``engine: vllm`` / ``sglang`` spec (the engine is
+started with the spec's server config and stopped afterwards). An endpoint's
+``engine_options.adapt_pool`` adapts the pool to its limits (``pool.adapt``), printed and recorded in
+summary.json's ``pool_adaptation``; summary.json's ``failures`` counts every failure class with its
+first message (context too long, unsupported feature, engine crash, ...). Writes DIR/summary.json, DIR/records.parquet, DIR/load_curve.{csv,parquet}
 and DIR/load_curve.png. A shape replay of an autoscaled endpoint (the spec's ``autoscaling``: an
 emulated fleet, or a real endpoint whose replica gauge it names) also reports replicas over time,
 scale-up latency, SLA misses during bursts and GPU-seconds (DIR/autoscaling.png, the lake's
@@ -27,8 +31,8 @@ def register(subparsers: Any) -> None:
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--pool", required=True, help="replay pool (directory or replay_pool.parquet)")
         sp.add_argument("--url", help="base URL of an OpenAI-compatible endpoint (with or without /v1)")
-        sp.add_argument("--engine", choices=["external", "emulator", "emulator-http"],
-                        help="engine to measure (default: external with --url, else emulator)")
+        sp.add_argument("--engine", choices=["external", "emulator", "emulator-http", "vllm", "sglang"],
+                        help="engine to measure (default: external with --url, else the endpoint spec's engine)")
         sp.add_argument("--endpoint", help="endpoint spec YAML (needed for the emulator engines)")
         sp.add_argument("--sla", help="SLA, e.g. 'ttft_p99<=3000ms,tpot_p99<=60ms,errors<=1%%' "
                                       "(default: the endpoint spec's)")
@@ -81,7 +85,7 @@ def register(subparsers: Any) -> None:
 def _target(args: argparse.Namespace):
     """(deployment, sla, gpus, model, cleanup) from the command line."""
     spec = load_endpoint(args.endpoint) if args.endpoint else None
-    engine = args.engine or ("external" if args.url else "emulator")
+    engine = _engine_kind(args, spec)
     if args.sla:
         sla = SLA.parse(args.sla)
     elif spec is not None:
@@ -112,6 +116,13 @@ def _target(args: argparse.Namespace):
         return dep, sla, gpus, model, dep.close
     if spec is None:
         raise SpecError(f"--engine {engine} needs --endpoint FILE")
+    if engine in ("vllm", "sglang"):
+        from autoresearch_dagster.engines import make_engine
+        from autoresearch_dagster.loadgen.http_runner import RunnerSettings
+        settings = RunnerSettings(workers=args.workers, max_send_lag_p99_s=args.max_send_lag_ms / 1e3)
+        dep = make_engine(spec, engine=engine, settings=settings, api_key_env=args.api_key_env).deploy(
+            dict(spec.server_config), seed=args.seed)
+        return dep, sla, gpus, args.model or dep.served_model(), dep.close
     try:
         from autoresearch_dagster.engines.emulator import EmulatorEngine
     except ImportError as e:
@@ -123,6 +134,39 @@ def _target(args: argparse.Namespace):
         runner.workers = args.workers
         runner.max_send_lag_p99_s = args.max_send_lag_ms / 1e3
     return dep, sla, gpus, args.model or spec.model, dep.close
+
+
+def _engine_kind(args: argparse.Namespace, spec: Any) -> str:
+    if args.engine:
+        return args.engine
+    if args.url:
+        return "external"
+    return spec.engine if spec is not None and spec.engine in ("vllm", "sglang") else "emulator"
+
+
+def _adapt(pool: Any, args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    """The pool adapted to the endpoint's ``engine_options.adapt_pool`` limits (said aloud), else as it is."""
+    if not args.endpoint:
+        return pool, None
+    from autoresearch_dagster.pool.adapt import AdaptedPool, limits_from_options
+    limits = limits_from_options(load_endpoint(args.endpoint))
+    if limits is None:
+        return pool, None
+    adapted = AdaptedPool(pool, limits)
+    print(adapted.summary())
+    return adapted, adapted.adaptation
+
+
+def _failures(outcomes: list[Any]) -> dict[str, dict[str, Any]]:
+    """Failure classes over every step: count and first message (``loadgen.failures``), engine crashes' excerpts."""
+    out: dict[str, dict[str, Any]] = {}
+    for o in outcomes:
+        for cls, f in (o.meta.get("failures") or {}).items():
+            entry = out.setdefault(cls, {"count": 0, "message": f.get("message")})
+            entry["count"] += f["count"]
+        if o.meta.get("engine_crash"):
+            out.setdefault("engine_crash", {"count": 0, "message": None})["excerpt"] = o.meta["engine_crash"]["excerpt"]
+    return dict(sorted(out.items()))
 
 
 def _check_early(args: argparse.Namespace) -> None:
@@ -162,7 +206,7 @@ def _capacity(args: argparse.Namespace) -> int:
         growth=args.growth, resolution=args.resolution, warmup_s=args.warmup, burstiness=args.burstiness,
         max_steps=args.max_steps, request_timeout_s=args.timeout, flush_cache=not args.no_flush,
         hold_e2e_multiple=args.hold_e2e_multiple).capacity
-    pool = _pool(args.pool)
+    pool, adaptation = _adapt(_pool(args.pool), args)
     out = Path(args.out)
     dep, sla, gpus, model, close = _target(args)
     try:
@@ -172,8 +216,10 @@ def _capacity(args: argparse.Namespace) -> int:
     finally:
         close()
     summary = {**result.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash,
-               "target": args.url or args.endpoint, "engine": args.engine or ("external" if args.url else "emulator"),
+               "target": args.url or args.endpoint,
+               "engine": _engine_kind(args, load_endpoint(args.endpoint) if args.endpoint else None),
                "model": model, "gpus": gpus, "engine_version": info.get("version"),
+               "failures": _failures(result.outcomes), "pool_adaptation": adaptation,
                "server_config": dict(load_endpoint(args.endpoint).server_config) if args.endpoint else None}
     files.write_records(result.outcomes, out / "records.parquet")
     files.write_load_curve(summary["steps"], out)
@@ -184,6 +230,8 @@ def _capacity(args: argparse.Namespace) -> int:
           f"in {summary['n_steps']} steps; {state}; outputs in {out}")
     for w in result.warnings:
         print(f"caveat: {w}")
+    for cls, f in summary["failures"].items():
+        print(f"failures: {f['count']} {cls}" + (f" ({f['message']})" if f.get("message") else ""))
     return 0 if result.valid else 1
 
 

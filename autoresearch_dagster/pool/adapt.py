@@ -1,0 +1,108 @@
+"""Owns adapting a replay pool to what an endpoint can serve, with every change recorded, never silent.
+
+A real engine refuses what it was not started for: prompts over its max-model-len (HTTP 400, context
+too long) and, without a tool parser, any request with tools and ``tool_choice: auto``. Replaying
+such requests measures refusals, not the endpoint. ``AdaptedPool`` wraps a pool with ``PoolLimits``:
+
+- ``max_model_len``: a request whose prompt (by the pool's token counter) leaves under ``margin`` of
+  the window is dropped; one whose prompt fits but whose expected output would not has its output
+  trimmed to fit;
+- ``strip_tools``: tool definitions and ``tool_choice`` are removed (the messages are kept).
+
+``AdaptedPool.adaptation`` says what changed (counts, limits, the first dropped ids); it is in the
+pool's ``meta["adaptation"]`` and its ``content_hash`` so results of an adapted replay never pass
+for the original pool's. ``limits_from_options`` reads an endpoint's ``engine_options.adapt_pool``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from autoresearch_dagster.spec import EndpointSpec, SpecError
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    max_model_len: int | None = None
+    strip_tools: bool = False
+    margin: float = 0.02  # share of the window kept free: the pool's token count is not the engine's tokenizer
+
+
+def limits_from_options(endpoint: EndpointSpec) -> PoolLimits | None:
+    """``engine_options.adapt_pool`` ({strip_tools, max_model_len, margin}) as limits; None when absent.
+    ``max_model_len`` defaults to the server config's."""
+    opts = endpoint.engine_options.get("adapt_pool")
+    if not opts:
+        return None
+    if not isinstance(opts, dict) or set(opts) - {"strip_tools", "max_model_len", "margin"}:
+        raise SpecError("engine_options.adapt_pool takes strip_tools (bool), max_model_len (int), margin (0-0.5)")
+    limit = opts.get("max_model_len", endpoint.server_config.get("max_model_len"))
+    margin = float(opts.get("margin", PoolLimits.margin))
+    if limit is not None and (not isinstance(limit, int) or limit < 16):
+        raise SpecError(f"engine_options.adapt_pool.max_model_len must be an integer >= 16, got {limit!r}")
+    if not 0 <= margin <= 0.5:
+        raise SpecError(f"engine_options.adapt_pool.margin must be within [0, 0.5], got {margin!r}")
+    return PoolLimits(max_model_len=limit, strip_tools=bool(opts.get("strip_tools", False)), margin=margin)
+
+
+def adapt_request(req: Any, limits: PoolLimits) -> tuple[Any | None, list[str]]:
+    """(the adapted request or None when dropped, what changed: 'dropped_over_context', 'trimmed_output',
+    'tools_stripped')."""
+    changes: list[str] = []
+    if limits.max_model_len is not None:
+        window = int(limits.max_model_len * (1.0 - limits.margin))
+        if req.prompt_tokens >= window:
+            return None, ["dropped_over_context"]
+        if req.prompt_tokens + req.output_tokens > window:
+            req = dataclasses.replace(req, output_tokens=window - req.prompt_tokens)
+            changes.append("trimmed_output")
+    if limits.strip_tools and (req.tools or req.tool_choice is not None):
+        req = dataclasses.replace(req, tools=None, tool_choice=None)
+        changes.append("tools_stripped")
+    return req, changes
+
+
+class AdaptedPool:
+    """A pool whose requests are adapted to ``limits``; the rest of the pool contract is the original's."""
+
+    def __init__(self, pool: Any, limits: PoolLimits) -> None:
+        self.original = pool
+        self.limits = limits
+        self._requests: list[Any] = []
+        counts = {"dropped_over_context": 0, "trimmed_output": 0, "tools_stripped": 0}
+        dropped: list[str] = []
+        n = 0
+        for req in pool.iter_requests(None):
+            n += 1
+            new, changes = adapt_request(req, limits)
+            for c in changes:
+                counts[c] += 1
+            if new is None:
+                dropped.append(str(req.id))
+            else:
+                self._requests.append(new)
+        self.adaptation: dict[str, Any] = {"limits": dataclasses.asdict(limits), "requests": n, **counts,
+                                           "dropped_ids": dropped[:20]}
+        if not any(r.split == "serving" for r in self._requests):
+            raise SpecError(f"adapting the pool to {limits} leaves no serving request to replay")
+        digest = hashlib.sha256(json.dumps(self.adaptation, sort_keys=True).encode()).hexdigest()[:12]
+        self.meta = {**getattr(pool, "meta", {}), "adaptation": self.adaptation}
+        self.content_hash = f"{getattr(pool, 'content_hash', '')}+adapted-{digest}"
+        self.path = getattr(pool, "path", None)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def iter_requests(self, split: str | None = "serving") -> Iterator[Any]:
+        return (r for r in self._requests if split is None or r.split == split)
+
+    def summary(self) -> str:
+        a = self.adaptation
+        parts = [f"{a[k]} {k.replace('_', ' ')}" for k in ("dropped_over_context", "trimmed_output", "tools_stripped")
+                 if a[k]]
+        return (f"pool adapted to the endpoint's limits (max_model_len={self.limits.max_model_len}, "
+                f"strip_tools={self.limits.strip_tools}): {', '.join(parts) or 'nothing changed'} "
+                f"of {a['requests']} requests")
