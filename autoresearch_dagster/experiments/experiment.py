@@ -15,6 +15,10 @@ With ``comparisons`` candidates sharing one control, the verdict interval's lowe
 ``1 - (1 - DECISION_CONFIDENCE) / comparisons``; its upper bound ("worse", "same") stays at
 ``DECISION_CONFIDENCE`` (``stats.verdict``'s ``upper_confidence``): the family-wise error that matters
 is a false promotion among the round's candidates.
+
+On an autoscaled endpoint, beside the capacity verdict, the runs that replayed the production demand
+curve give the candidate's GPU-seconds against the baseline's on that demand (``gpu_savings``: ratio
+with its interval across runs, mean GPUs saved).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from autoresearch_dagster.engines.base import DRIFT_PREFIX, Deployment, Engine, EngineError
-from autoresearch_dagster.experiments import stats
+from autoresearch_dagster.experiments import gpu_savings, stats
 from autoresearch_dagster.experiments.campaign import Campaign, config_rows
 from autoresearch_dagster.experiments.parallel import RunTask, run_many
 from autoresearch_dagster.experiments.runs import (INTERP_METRIC, HarnessSettings, Progress, RunRecord, capacity_metric,
@@ -68,6 +72,7 @@ class ExperimentResult:
     shared_runs: list[RunRecord] = field(default_factory=list)  # the shared control's earlier baseline runs
     comparisons: int = 1  # candidates sharing the control (Bonferroni factor of the verdict interval)
     control_note: str = ""  # what happened to the shared control (drift)
+    gpu_savings: dict[str, Any] | None = None  # GPUs saved under the real demand curve (module doc)
 
     @property
     def baseline_hash(self) -> str:
@@ -116,7 +121,7 @@ class ExperimentResult:
                 "runs": [r.to_dict() for r in self.runs], "estimator": self.estimator,
                 "shared_control_run_ids": [r.run_id for r in self.shared_runs], "comparisons": self.comparisons,
                 "control_note": self.control_note, "gpu_seconds": self.gpu_seconds,
-                "started_at": self.started_at, "finished_at": self.finished_at}
+                "gpu_savings": self.gpu_savings, "started_at": self.started_at, "finished_at": self.finished_at}
 
     def summary(self) -> dict:
         """The verdict with its evidence, without the per-run details: what CLI and assets report."""
@@ -124,7 +129,7 @@ class ExperimentResult:
 
     def lake_rows(self) -> dict[str, list[dict]]:
         """The finished experiment's row in ``experiments`` (its runs and verdicts are recorded as they happen)."""
-        v = self.stats
+        v, g = self.stats, self.gpu_savings or {}
         return {"experiments": [{
             "experiment_id": self.experiment_id, "campaign_id": self.campaign_id, "kind": self.kind,
             "parent_id": self.parent_id, "mode": self.mode, "baseline_hash": self.baseline_hash,
@@ -137,7 +142,9 @@ class ExperimentResult:
             "correctness_json": json.dumps(self.correctness, sort_keys=True, default=str) if self.correctness else None,
             "reason": self.reason, "started_at": dt.datetime.fromisoformat(self.started_at),
             "finished_at": dt.datetime.fromisoformat(self.finished_at), "gpu_seconds": self.gpu_seconds,
-            "shared_control_runs": len(self.shared_runs), "comparisons": self.comparisons}]}
+            "shared_control_runs": len(self.shared_runs), "comparisons": self.comparisons,
+            "demand_gpu_seconds_ratio": g.get("gpu_seconds_ratio"), "demand_gpu_seconds_ratio_ci_low": g.get("ci_low"),
+            "demand_gpu_seconds_ratio_ci_high": g.get("ci_high"), "demand_mean_gpus_saved": g.get("mean_gpus_saved")}]}
 
 
 def verdict_rows(experiment_id: str, stage: str, metric: str, v: stats.Verdict) -> dict[str, list[dict]]:
@@ -564,8 +571,11 @@ def _finish(ex: _Experiment, verdict: str, reason: str, *, confirmed: bool = Fal
     res = ex.res
     res.verdict, res.reason, res.confirmed = verdict, reason, confirmed
     res.finished_at = utc_now().isoformat()
+    res.gpu_savings = gpu_savings.from_runs(res.runs, seed=ex.settings.seed)
     if ex.progress:
         ex.progress(f"experiment {res.experiment_id}: {verdict.upper()} ({reason})")
+        if res.gpu_savings:
+            ex.progress(f"  {gpu_savings.LABEL}: {gpu_savings.format_line(res.gpu_savings)}")
     if ex.results is not None:
         ex.results.append_rows(res.lake_rows(), endpoint=res.endpoint)
     return res

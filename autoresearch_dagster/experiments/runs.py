@@ -4,6 +4,13 @@ Every measurement of the experiments goes through ``execute_run`` (deploy -> hea
 flush -> measure with RUNNER's ``measure`` -> close), so the same code serves the emulator, a local
 SGLang server and the CLI/Dagster callers. A run never raises for engine trouble: it is recorded
 invalid with its reasons.
+
+An autoscaled endpoint's run (the spec's ``autoscaling``) also replays the production demand curve
+once (mode ``shape``: the search's first replay, at ``shape_speedup`` or 1; modes ``capacity``/``both``:
+one extra replay at that speed-up after the capacity search, when ``demand_replay`` is on; mode
+``demand``: only that replay) and keeps its autoscaling report (``RunRecord.autoscaling``: GPU-seconds,
+scale-ups, SLA misses in bursts), which ``experiments.gpu_savings`` compares between arms. Its
+``autoscaling`` lake rows carry the run, experiment, campaign and arm.
 """
 from __future__ import annotations
 
@@ -70,6 +77,9 @@ class HarnessSettings:
     # stop a comparison as soon as it cannot be "better" (stats.not_better): what a campaign needs to know
     # about a candidate; off, the staged procedure runs on until "same" is shown within the practical margin
     stop_when_not_better: bool = False
+    # an autoscaled endpoint's capacity runs also replay the production demand curve once (module doc); a
+    # campaign turns it off and compares its best config with the original at its end instead
+    demand_replay: bool = True
 
 
 @dataclass
@@ -99,6 +109,9 @@ class RunRecord:
     # GPU time the run held: seconds the deployment was up (its virtual clock on the emulator) x the
     # endpoint's GPUs; what campaign budgets and the cost per verdict count
     gpu_seconds: float = 0.0
+    gpus_held: float | None = None  # what capacity_rps_per_gpu divided by (measure.capacity)
+    autoscaling: dict[str, Any] | None = None  # the demand replay's autoscaling report (module doc)
+    demand_speedup: float | None = None
 
     def value(self, metric: str) -> float | None:
         if metric == "replay_capacity":
@@ -123,7 +136,7 @@ class RunRecord:
                "server_info_json": json.dumps(self.server_info, sort_keys=True, default=str),
                "timings_json": json.dumps(self.timings, sort_keys=True),
                "started_at": dt.datetime.fromisoformat(self.started_at),
-               "duration_s": self.timings.get("total_s"), "gpu_seconds": self.gpu_seconds}
+               "duration_s": self.timings.get("total_s"), "gpu_seconds": self.gpu_seconds, "gpus_held": self.gpus_held}
         steps, summaries = [], []
         for i, s in enumerate(self.steps + ([self.reference_step] if self.reference_step else [])):
             row = {"run_id": self.run_id, "experiment_id": experiment_id, "step_index": i,
@@ -141,7 +154,24 @@ class RunRecord:
             summaries.append({"run_id": self.run_id, "experiment_id": experiment_id, "step_id": s.get("step_id"),
                               **{k: s.get(k) for k in ("n_sent", "n_ok", "n_failed", "n_timeout", "error_rate",
                                                        "achieved_rps", "goodput_rps")}})
-        return {"runs": [run], "load_steps": steps, "requests_summary": summaries}
+        return {"runs": [run], "load_steps": steps, "requests_summary": summaries,
+                **self._autoscaling_rows(experiment_id, campaign_id)}
+
+    def _autoscaling_rows(self, experiment_id: str | None, campaign_id: str | None) -> dict[str, list[dict]]:
+        """One ``autoscaling`` row for the demand replay and one for the replay at the replay capacity (when the
+        shape search ended elsewhere), linked to this run."""
+        from autoresearch_dagster.measure.autoscaling import lake_rows
+
+        shape = self.shape or {}
+        replays = [("demand", self.autoscaling, self.demand_speedup)]
+        if shape.get("autoscaling") is not None and shape.get("speedup") != self.demand_speedup:
+            replays.append(("replay_capacity", shape["autoscaling"], shape.get("speedup")))
+        rows = [row for replay, report, speedup in replays if report is not None
+                for row in lake_rows(report, replay_id=f"{self.run_id}:{replay}", role=self.arm,
+                                     config_hash=self.config_hash, engine=self.engine, speedup=speedup, replay=replay,
+                                     run_id=self.run_id, experiment_id=experiment_id,
+                                     campaign_id=campaign_id)["autoscaling"]]
+        return {"autoscaling": rows} if rows else {}
 
 
 def _server_version(info: dict[str, Any], engine: Any) -> str:
@@ -216,6 +246,7 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
                                             settings=settings.capacity, seed=seed)
                 rec.capacity_rps = float(cap.capacity_rps)
                 rec.capacity_rps_per_gpu = float(cap.capacity_rps_per_gpu)
+                rec.gpus_held = cap.gpus_held
                 rec.capacity_interp_rps = cap.capacity_interp_rps
                 rec.warnings += cap.warnings
                 rec.steps = [_step_dict(s) for s in cap.steps]
@@ -231,8 +262,18 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
                                   seed=seed, request_timeout_s=settings.capacity.request_timeout_s)
                 rec.shape = plain(shape)
                 rec.replay_capacity = float(shape.replay_capacity or 0.0)
+                rec.autoscaling, rec.demand_speedup = shape.demand_autoscaling, shape.demand_speedup
                 if getattr(shape, "valid", True) is False:
                     rec.invalid_reasons += list(getattr(shape, "invalid_reasons", [])) or ["shape replay invalid"]
+            if endpoint.autoscaling is not None and purpose != "noise" and not rec.invalid_reasons and (
+                    mode == "demand" or (mode in ("capacity", "both") and settings.demand_replay
+                                         and rec.shape is None)):
+                demand = run_shape(dep, pool, endpoint.sla, gpus=endpoint.gpus, model=endpoint.model,
+                                   speedup=settings.shape_speedup or 1.0, interval_s=settings.shape_interval_s,
+                                   seed=seed, request_timeout_s=settings.capacity.request_timeout_s)
+                rec.autoscaling, rec.demand_speedup = demand.demand_autoscaling, demand.demand_speedup
+                if not demand.valid:
+                    rec.invalid_reasons += demand.invalid_reasons or ["demand replay invalid"]
             if reference_rps is None and reference_fraction and rec.capacity_rps:
                 reference_rps = reference_fraction * rec.capacity_rps
             if reference_rps and not rec.invalid_reasons:

@@ -121,6 +121,18 @@ def _median_ratio(baseline, candidate, axis=-1):
     return np.median(candidate, axis=axis) / np.median(baseline, axis=axis)
 
 
+def median_ratio_interval(baseline: Sequence[float], candidate: Sequence[float], *, seed: int = 0,
+                          confidence: float = DECISION_CONFIDENCE,
+                          n_resamples: int = N_RESAMPLES) -> tuple[float, float, float, str]:
+    """median(candidate) / median(baseline) with the verdicts' bootstrap interval: (ratio, low, high, method)."""
+    a = _clean(baseline, "ratio baseline")
+    b = _clean(candidate, "ratio candidate")
+    if np.median(a) <= 0:
+        raise ValueError(f"ratio: baseline median must be > 0, got {float(np.median(a))}")
+    lo, hi, method = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=confidence, n_resamples=n_resamples)
+    return float(np.median(b) / np.median(a)), lo, hi, method
+
+
 def noise_floor(capacities: Sequence[float], *, seed: int = 0, confidence: float = CONFIDENCE,
                 n_resamples: int = N_RESAMPLES) -> NoiseFloor:
     """Spread of repeated baseline runs: CV and a bootstrap CI of the median."""

@@ -1,5 +1,6 @@
 """Owns the autoscaling report of a production-shape replay: replicas over time, scale-up latency, SLA misses
-during bursts, GPU-seconds, a candidate's GPUs saved against the baseline, and the ``autoscaling`` lake rows.
+during bursts, GPU-seconds, the mean GPUs held (what an autoscaled endpoint's capacity per GPU divides by), a
+candidate's GPUs saved against the baseline in one replay, and the ``autoscaling`` lake rows.
 
 Input is the replay step's engine timeseries, read the same way whoever wrote it: the emulated
 fleet's samples (``emulator.fleet``: ``replicas`` held, ``replicas_ready`` serving,
@@ -198,6 +199,14 @@ def autoscaling_report(timeseries: list[dict[str, Any]], records: list[RequestRe
     return report
 
 
+def mean_gpus_held(timeseries: list[dict[str, Any]], *, window_s: float, gpus_per_replica: int) -> float | None:
+    """GPUs held on average over [0, ``window_s``] (GPU-seconds / window); None without a ``replicas`` series."""
+    s = replica_series(timeseries)
+    if s is None or not window_s > 0:
+        return None
+    return step_integral(s.t, s.held, window_s) / window_s * gpus_per_replica
+
+
 def compare(baseline: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
     """GPUs a candidate saves against the baseline on the same demand: GPU-seconds ratio and mean GPUs held."""
     b, c = baseline["gpu_seconds"], candidate["gpu_seconds"]
@@ -212,11 +221,17 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any]) -> dict[str, An
 
 def lake_rows(report: dict[str, Any], *, replay_id: str, role: str, config_hash: str, engine: str,
               speedup: float | None, comparison: dict[str, Any] | None = None,
-              baseline_replay_id: str | None = None) -> dict[str, list[dict]]:
-    """One ``autoscaling`` row per replay (the candidate's with its comparison against the baseline)."""
+              baseline_replay_id: str | None = None, replay: str = "shape", run_id: str | None = None,
+              experiment_id: str | None = None, campaign_id: str | None = None) -> dict[str, list[dict]]:
+    """One ``autoscaling`` row per replay (the candidate's with its comparison against the baseline). ``role``
+    is the config's part (baseline, candidate, production); ``replay`` what was replayed: ``shape`` (a CLI
+    replay), ``demand`` (an experiment run's replay of the production demand curve), ``replay_capacity`` (its
+    search's replay at the replay capacity), ``production`` (the replay-vs-production check); a harness run's
+    rows carry its ``run_id``, experiment and campaign."""
     series = report["series"]
     return {"autoscaling": [{
-        "replay_id": replay_id, "role": role, "config_hash": config_hash, "engine": engine, "speedup": speedup,
+        "replay_id": replay_id, "role": role, "replay": replay, "run_id": run_id, "experiment_id": experiment_id,
+        "campaign_id": campaign_id, "config_hash": config_hash, "engine": engine, "speedup": speedup,
         "gpus_per_replica": report["gpus_per_replica"], "window_s": report["window_s"],
         "gpu_seconds": report["gpu_seconds"], "mean_replicas": report["mean_replicas"],
         "replicas_min": report["replicas_min"], "replicas_max": report["replicas_max"],

@@ -3,7 +3,11 @@
 - ``find_capacity``: warm-up, then load steps (``step.poisson_step``) whose rate grows
   geometrically until the SLA breaks, bisection to a relative resolution, and a re-confirmation of
   the final point on a fresh schedule. Capacity = the highest confirmed rate meeting the SLA.
-  Invalid steps never count as passing.
+  Invalid steps never count as passing. Per GPU it divides by the GPUs held: ``gpus`` for one server;
+  for an autoscaled fleet (its steps report ``replicas``), the mean GPUs held over the passing step at
+  capacity (its GPU-seconds / its duration, ``measure.autoscaling.mean_gpus_held``), because the whole
+  fleet served that rate, not one replica; each step starts the fleet at ``min_replicas``, so the mean
+  counts the scale-up the step needed.
 - ``grow_bisect``: that search over any monotone pass/fail probe (the shape replay's speed-up too).
 - ``interpolate_crossing`` / ``interpolate_capacity``: the rate where the SLA ratio crosses 1.
 """
@@ -17,6 +21,7 @@ import numpy as np
 
 from autoresearch_dagster.engines.base import Deployment
 from autoresearch_dagster.loadgen.records import StepOutcome
+from autoresearch_dagster.measure.autoscaling import mean_gpus_held
 from autoresearch_dagster.measure.profiles import CapacitySettings
 from autoresearch_dagster.measure.step import LoadStep, poisson_step
 from autoresearch_dagster.spec import SLA
@@ -180,9 +185,11 @@ class CapacityResult:
     settings: dict[str, Any] = field(default_factory=dict)
     capacity_interp_rps: float | None = None  # interpolate_capacity over the search's steps (None: no crossing)
     warnings: list[str] = field(default_factory=list)  # caveats that do not invalidate the result
+    gpus_held: float | None = None  # what capacity_rps_per_gpu divides by (module docstring)
 
     def to_dict(self) -> dict[str, Any]:
         return {"capacity_rps": self.capacity_rps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
+                "gpus_held": self.gpus_held,
                 "capacity_interp_rps": self.capacity_interp_rps,
                 "steps": [s.to_dict() for s in self.steps], "valid": self.valid,
                 "invalid_reasons": self.invalid_reasons, "sla": self.sla, "settings": self.settings,
@@ -276,10 +283,12 @@ def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, mod
     at_capacity = [o for st, o in zip(steps, outcomes)
                    if st.kind in ("capacity", "confirm") and st.passed and math.isclose(st.rate_rps, capacity)]
     warnings = [w for w in (hold_warning(at_capacity[-1]) if at_capacity else None, floor_caveat) if w]
-    return CapacityResult(capacity_rps=capacity, capacity_rps_per_gpu=capacity / gpus, steps=steps,
+    held = (mean_gpus_held(at_capacity[-1].engine_timeseries, window_s=at_capacity[-1].duration_s,
+                           gpus_per_replica=gpus) if at_capacity else None) or float(gpus)
+    return CapacityResult(capacity_rps=capacity, capacity_rps_per_gpu=capacity / held, steps=steps,
                           valid=not reasons, invalid_reasons=reasons, outcomes=outcomes, sla=str(sla),
                           settings=asdict(s), capacity_interp_rps=interpolate_capacity(measured),
-                          warnings=warnings)
+                          warnings=warnings, gpus_held=held)
 
 
 def linear_ramp_steps(capacity: float, *, start: float, resolution: float) -> int:

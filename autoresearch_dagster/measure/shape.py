@@ -3,7 +3,10 @@
 ``run_shape`` replays the pool's production shape at a speed-up (``step.run_offsets`` with
 ``shape_offsets``); per-interval SLA attainment; replay capacity = the largest speed-up meeting the
 SLA (``capacity.grow_bisect``); the autoscaling report (``measure.autoscaling``) from the engine's
-``replicas`` timeseries when it has one (an autoscaled emulator fleet, or a real endpoint's replica gauge).
+``replicas`` timeseries when it has one (an autoscaled emulator fleet, or a real endpoint's replica gauge),
+for the replay at the replay capacity and for the demand replay: the one at the speed-up the search
+started from (1 unless set: the production demand curve as logged), the same demand whatever the config,
+so GPU-seconds compare across configs there (``experiments.gpu_savings``).
 """
 from __future__ import annotations
 
@@ -33,11 +36,14 @@ class ShapeResult:
     autoscaling: dict[str, Any] | None
     outcomes: list[StepOutcome] = field(default_factory=list, repr=False)
     sla: str = ""
+    demand_speedup: float | None = None  # the speed-up of the demand replay (the search's first)
+    demand_autoscaling: dict[str, Any] | None = None  # its autoscaling report (module docstring)
 
     def to_dict(self) -> dict[str, Any]:
         return {"replay_capacity": self.replay_capacity, "speedup": self.speedup, "meets_sla": self.meets_sla,
                 "intervals": self.intervals, "steps": [s.to_dict() for s in self.steps], "valid": self.valid,
-                "invalid_reasons": self.invalid_reasons, "autoscaling": self.autoscaling, "sla": self.sla}
+                "invalid_reasons": self.invalid_reasons, "autoscaling": self.autoscaling, "sla": self.sla,
+                "demand_speedup": self.demand_speedup, "demand_autoscaling": self.demand_autoscaling}
 
 
 def interval_attainment(outcome: StepOutcome, sla: SLA, *, replay_interval_s: float,
@@ -94,9 +100,9 @@ def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: 
         return run.step
 
     replay_capacity = None
+    demand = speedup or 1.0
     if search:
-        start = speedup or 1.0
-        replay_capacity, _ = grow_bisect(lambda x, kind: replay(x, kind).passed, start=start,
+        replay_capacity, _ = grow_bisect(lambda x, kind: replay(x, kind).passed, start=demand,
                                          growth=growth, resolution=resolution, max_steps=max_steps)
         chosen = replay_capacity if replay_capacity and replay_capacity in details else None
         if chosen is None:  # nothing passed: report the slowest replay tried
@@ -104,20 +110,26 @@ def run_shape(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, model: 
         speedup = chosen
     else:
         replay(speedup, "capacity")
-    outcome, step = details[speedup]
-    replay_interval = interval_s / speedup
-    intervals = interval_attainment(outcome, sla, replay_interval_s=replay_interval, target_counts=counts,
-                                    speedup=speedup)
-    auto = autoscaling_report(outcome.engine_timeseries, outcome.records, sla, intervals=intervals,
-                              window_s=outcome.duration_s, gpus_per_replica=gpus_per_replica or gpus,
-                              replica_capacity_rps=replica_capacity_rps)
+
+    def report(x: float) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        outcome = details[x][0]
+        intervals = interval_attainment(outcome, sla, replay_interval_s=interval_s / x, target_counts=counts,
+                                        speedup=x)
+        return intervals, autoscaling_report(outcome.engine_timeseries, outcome.records, sla, intervals=intervals,
+                                             window_s=outcome.duration_s, gpus_per_replica=gpus_per_replica or gpus,
+                                             replica_capacity_rps=replica_capacity_rps)
+
+    step = details[speedup][1]
+    intervals, auto = report(speedup)
+    demand_auto = auto if demand == speedup else report(demand)[1]
     reasons = [f"{st.step_id}: {r}" for st in steps for r in st.invalid_reasons]
     if search and replay_capacity and not confirmed(steps, replay_capacity):
         reasons.append(f"search stopped after {max_steps} steps before confirming a replay capacity")
     if search:
-        none_passed, _ = no_pass_reason([(st.rate_rps, st.passed) for st in steps], start=start, growth=growth,
+        none_passed, _ = no_pass_reason([(st.rate_rps, st.passed) for st in steps], start=demand, growth=growth,
                                         max_steps=max_steps, unit="x speed-up")
         reasons += [none_passed] if none_passed else []
     return ShapeResult(speedup=speedup, replay_capacity=replay_capacity, meets_sla=step.meets_sla,
                        intervals=intervals, steps=steps, valid=not reasons, invalid_reasons=reasons,
-                       autoscaling=auto, outcomes=outcomes, sla=str(sla))
+                       autoscaling=auto, outcomes=outcomes, sla=str(sla), demand_speedup=demand,
+                       demand_autoscaling=demand_auto)
