@@ -3,7 +3,8 @@ approval decision.
 
 Working baselines are promoted automatically inside a campaign; production is not. The review
 package (``<campaign dir>/review/``) holds what a person needs to decide: the config diff against
-the original, the SGLang launch command, the gain at the SLA with its interval, lossless or lossy
+the original, the SGLang launch command, the gain at the SLA with its interval (and, for an autoscaled
+endpoint, the GPUs saved under the real demand curve), lossless or lossy
 with the correctness results, the evidence trail (every era and the experiments behind it, with
 their verdicts and traces) and the open questions. An approval is a recorded human action (who,
 decision, note): appended to the package's ``approvals.jsonl`` and the lake's ``approvals`` table.
@@ -17,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from autoresearch_dagster.experiments.gpu_savings import LABEL, format_line
 from autoresearch_dagster.outputs.files import atomic_write_text, json_safe, write_json
 from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.spec import KNOBS, SpecError, launch_flags
@@ -57,6 +59,7 @@ def write_review_package(report: dict[str, Any], state: Any, endpoint: Any, out:
                "gain": {"ratio": report["gain"], "ci": ci, "confidence": report["gain_confidence"],
                         "original_rps_per_gpu": report["original_rps_per_gpu"],
                         "final_rps_per_gpu": report["final_rps_per_gpu"]},
+               "gpu_savings": report.get("gpu_savings"),
                "lossy": report["lossy"], "correctness": report["correctness"], "evidence": evidence,
                "open_questions": report["open_questions"], "ended_because": report["ended_because"],
                "created_at": utc_now().isoformat()}
@@ -68,6 +71,8 @@ def write_review_package(report: dict[str, Any], state: Any, endpoint: Any, out:
     gain_line = (f"{report['gain']:.3f}x (90% CI {ci[0]:.3f}-{ci[1]:.3f}): {report['original_rps_per_gpu']:.2f} -> "
                  f"{report['final_rps_per_gpu']:.2f} req/s/GPU at the SLA" if report["gain"] is not None
                  else "not measured")
+    saved = report.get("gpu_savings")
+    saved_line = f"\n**{LABEL}**: {format_line(saved)}." if saved else ""
     changes = "\n".join(f"| `{k}` | {json.dumps(a)} | {json.dumps(b)} |" for k, (a, b) in diff.items()) \
         or "| (none) | | |"
     corr = "\n".join(f"- {c['experiment_id']} {json.dumps(c.get('intervention'), default=str)}: "
@@ -85,7 +90,7 @@ def write_review_package(report: dict[str, Any], state: Any, endpoint: Any, out:
 
 Review id `{review_id}`. Nothing is deployed by AutoResearch: this package asks for a decision.
 
-**Gain at the SLA ({report['sla']})**: {gain_line}.
+**Gain at the SLA ({report['sla']})**: {gain_line}.{saved_line}
 **{'LOSSY' if report['lossy'] else 'Lossless'}** change. Campaign ended because: {report['ended_because']}.
 
 ## Config diff (original -> proposed)

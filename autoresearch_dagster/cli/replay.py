@@ -226,7 +226,8 @@ def _capacity(args: argparse.Namespace) -> int:
     plots.plot_load_curve([(summary["steps"], result.capacity_rps)], out / "load_curve.png", sla=sla)
     files.write_json(out / "summary.json", summary)
     state = "valid" if result.valid else "INVALID: " + "; ".join(result.invalid_reasons)
-    print(f"capacity {result.capacity_rps:.4g} req/s ({result.capacity_rps_per_gpu:.4g} per GPU) at {sla} "
+    held = f" of {result.gpus_held:.3g} GPUs held" if result.gpus_held and result.gpus_held != gpus else ""
+    print(f"capacity {result.capacity_rps:.4g} req/s ({result.capacity_rps_per_gpu:.4g} per GPU{held}) at {sla} "
           f"in {summary['n_steps']} steps; {state}; outputs in {out}")
     for w in result.warnings:
         print(f"caveat: {w}")

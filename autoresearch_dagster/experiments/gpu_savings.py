@@ -22,6 +22,7 @@ import numpy as np
 from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.experiments.parallel import RunTask, run_many
 from autoresearch_dagster.experiments.runs import HarnessSettings, Progress, RunRecord, record_run
+from autoresearch_dagster.measure.profiles import CapacitySettings
 from autoresearch_dagster.spec import EndpointSpec, config_hash
 
 PURPOSE = "gpu_savings"
@@ -83,7 +84,7 @@ def measure_savings(endpoint: EndpointSpec, baseline_config: dict[str, Any], can
     endpoint does not autoscale or no run of an arm was valid."""
     if endpoint.autoscaling is None or runs < 1:
         return None
-    settings = settings or HarnessSettings()
+    settings = settings or HarnessSettings(capacity=CapacitySettings())
     tasks = [RunTask(config=dict(cfg), arm=arm, run_index=i, seed=settings.seed * 1_000_003 + 700_000 + i,
                      purpose=PURPOSE, mode="demand")
              for i, (arm, cfg) in enumerate(pair for _ in range(runs)
@@ -102,7 +103,8 @@ def measure_savings(endpoint: EndpointSpec, baseline_config: dict[str, Any], can
     run_many(endpoint, pool, tasks, engine=engine, settings=settings, workers=settings.parallel_runs, on_done=stored)
     out = from_runs(recs, seed=settings.seed, purposes=(PURPOSE,))
     if out is not None:
-        out.update({"baseline_hash": config_hash(baseline_config), "candidate_hash": config_hash(candidate_config)})
+        out.update({"baseline_hash": config_hash(baseline_config), "candidate_hash": config_hash(candidate_config),
+                    "gpu_seconds_spent": float(sum(r.gpu_seconds for r in recs))})
     return out
 
 
