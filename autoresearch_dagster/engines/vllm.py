@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -79,6 +80,7 @@ RESOLVED_PATHS: dict[str, tuple[str, str]] = {
 }
 assert set(RESOLVED_PATHS) == set(VLLM_KNOBS), "every vLLM knob needs the place its resolved value is reported"
 REFUSALS = (CONTEXT_TOO_LONG, UNSUPPORTED_FEATURE)  # failures of the request itself, never the server's crash
+CRASH_WAIT_S = 5.0  # after a step with server-side failures: how long a dying server gets to show it
 
 _PARSER_SCRIPT = r"""
 import contextlib, io, json, logging, sys
@@ -192,13 +194,19 @@ def cpu_list(cpus: set[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
 
 
+_EXCEPTION_LINE = re.compile(r"(?:^|[\s\]])[A-Za-z_][\w.]*(?:Error|Exception): \S")
+
+
 def _crash_excerpt(log: str, n_lines: int = 12) -> str:
-    """The server log's last error lines (a traceback's last frames and its exception), else its tail."""
+    """The root cause in a server log: the first exception line outside WARNING/INFO lines, with the
+    traceback lines before it (vLLM logs the worker's error first, then an EngineDeadError per request),
+    else the log's tail."""
     lines = [ln for ln in log.splitlines() if ln.strip()]
-    hits = [i for i, ln in enumerate(lines) if "Error" in ln or "Traceback" in ln or "error" in ln]
+    hits = [i for i, ln in enumerate(lines) if _EXCEPTION_LINE.search(ln) and " WARNING " not in ln
+            and " INFO " not in ln]
     if not hits:
         return "\n".join(lines[-n_lines:])
-    return "\n".join(lines[max(0, hits[-1] - n_lines + 1):hits[-1] + 1])
+    return "\n".join(lines[max(0, hits[0] - n_lines + 1):hits[0] + 1])
 
 
 class VllmDeployment(HttpDeployment):
@@ -215,11 +223,11 @@ class VllmDeployment(HttpDeployment):
     def run_step(self, schedule: list[ScheduledRequest], *, step_id: str, timeout_s: float) -> StepOutcome:
         if not self.process.alive():
             raise EngineError(f"the vLLM server died (exit code {self.process.proc.returncode}); log "
-                              f"{self.process.log_path}:\n{_crash_excerpt(self.process.log_tail(20000))}")
+                              f"{self.process.log_path}:\n{_crash_excerpt(self.process.log_tail(400_000))}")
         outcome = super().run_step(schedule, step_id=step_id, timeout_s=timeout_s)
-        if not self.process.alive() or not self.health():
-            excerpt = _crash_excerpt(self.process.log_tail(20000))
-            failed = [r for r in outcome.records if r.status != "ok" and r.error_class not in REFUSALS]
+        failed = [r for r in outcome.records if r.status != "ok" and r.error_class not in REFUSALS]
+        if self._died(wait_s=CRASH_WAIT_S if failed else 0.0):
+            excerpt = _crash_excerpt(self.process.log_tail(400_000))
             messages = {c: v["message"] for c, v in outcome.meta.get("failures", {}).items() if v.get("message")}
             for r in failed:
                 r.error_class = ENGINE_CRASH
@@ -228,6 +236,17 @@ class VllmDeployment(HttpDeployment):
             outcome.meta["engine_crash"] = {"exit_code": self.process.proc.poll(), "log": str(self.process.log_path),
                                             "excerpt": excerpt, "failed_requests": len(failed)}
         return outcome
+
+    def _died(self, *, wait_s: float) -> bool:
+        """The server exited or its health check fails, now or within ``wait_s`` (a dead engine core
+        fails its requests first; /health and the API server follow within seconds)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if not self.process.alive() or self._admin("GET", "/health", timeout=10.0)[0] != 200:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
 
     def server_info(self) -> dict[str, Any]:
         return self.startup_info
@@ -377,7 +396,7 @@ class VllmEngine:
         while True:
             if not proc.alive():
                 raise EngineError(f"the vLLM server exited with code {proc.proc.returncode} before becoming healthy; "
-                                  f"log {proc.log_path}:\n{_crash_excerpt(proc.log_tail(20000))}")
+                                  f"log {proc.log_path}:\n{_crash_excerpt(proc.log_tail(400_000))}")
             if http_request(base_url + "/health", timeout=10)[0] == 200:
                 return
             if time.monotonic() > deadline:

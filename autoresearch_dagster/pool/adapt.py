@@ -7,7 +7,11 @@ such requests measures refusals, not the endpoint. ``AdaptedPool`` wraps a pool 
 - ``max_model_len``: a request whose prompt (by the pool's token counter) leaves under ``margin`` of
   the window is dropped; one whose prompt fits but whose expected output would not has its output
   trimmed to fit;
-- ``strip_tools``: tool definitions and ``tool_choice`` are removed (the messages are kept).
+- ``strip_tools``: tool definitions and ``tool_choice`` are removed (the messages are kept);
+- ``strip_sampling``: these sampling parameters are removed, e.g. ``seed``: vLLM 0.32's CPU backend
+  gives a seeded request its own CPU ``torch.Generator`` and, when it discards the token sampled for a
+  partial (chunked) prefill, calls ``set_offset`` on it, which CPU generators do not support: the
+  worker dies with ``RuntimeError: CPU Generator does not use offset`` and every later request fails.
 
 ``AdaptedPool.adaptation`` says what changed (counts, limits, the first dropped ids); it is in the
 pool's ``meta["adaptation"]`` and its ``content_hash`` so results of an adapted replay never pass
@@ -28,29 +32,35 @@ from autoresearch_dagster.spec import EndpointSpec, SpecError
 class PoolLimits:
     max_model_len: int | None = None
     strip_tools: bool = False
+    strip_sampling: tuple[str, ...] = ()
     margin: float = 0.02  # share of the window kept free: the pool's token count is not the engine's tokenizer
 
 
 def limits_from_options(endpoint: EndpointSpec) -> PoolLimits | None:
-    """``engine_options.adapt_pool`` ({strip_tools, max_model_len, margin}) as limits; None when absent.
+    """``engine_options.adapt_pool`` ({strip_tools, strip_sampling, max_model_len, margin}) as limits; None when absent.
     ``max_model_len`` defaults to the server config's."""
     opts = endpoint.engine_options.get("adapt_pool")
     if not opts:
         return None
-    if not isinstance(opts, dict) or set(opts) - {"strip_tools", "max_model_len", "margin"}:
-        raise SpecError("engine_options.adapt_pool takes strip_tools (bool), max_model_len (int), margin (0-0.5)")
+    if not isinstance(opts, dict) or set(opts) - {"strip_tools", "strip_sampling", "max_model_len", "margin"}:
+        raise SpecError("engine_options.adapt_pool takes strip_tools (bool), strip_sampling (list of sampling "
+                        "parameter names), max_model_len (int), margin (0-0.5)")
+    strip_sampling = opts.get("strip_sampling", [])
+    if not isinstance(strip_sampling, list) or not all(isinstance(k, str) for k in strip_sampling):
+        raise SpecError(f"engine_options.adapt_pool.strip_sampling must be a list of names, got {strip_sampling!r}")
     limit = opts.get("max_model_len", endpoint.server_config.get("max_model_len"))
     margin = float(opts.get("margin", PoolLimits.margin))
     if limit is not None and (not isinstance(limit, int) or limit < 16):
         raise SpecError(f"engine_options.adapt_pool.max_model_len must be an integer >= 16, got {limit!r}")
     if not 0 <= margin <= 0.5:
         raise SpecError(f"engine_options.adapt_pool.margin must be within [0, 0.5], got {margin!r}")
-    return PoolLimits(max_model_len=limit, strip_tools=bool(opts.get("strip_tools", False)), margin=margin)
+    return PoolLimits(max_model_len=limit, strip_tools=bool(opts.get("strip_tools", False)),
+                      strip_sampling=tuple(strip_sampling), margin=margin)
 
 
 def adapt_request(req: Any, limits: PoolLimits) -> tuple[Any | None, list[str]]:
     """(the adapted request or None when dropped, what changed: 'dropped_over_context', 'trimmed_output',
-    'tools_stripped')."""
+    'tools_stripped', 'sampling_stripped')."""
     changes: list[str] = []
     if limits.max_model_len is not None:
         window = int(limits.max_model_len * (1.0 - limits.margin))
@@ -62,6 +72,9 @@ def adapt_request(req: Any, limits: PoolLimits) -> tuple[Any | None, list[str]]:
     if limits.strip_tools and (req.tools or req.tool_choice is not None):
         req = dataclasses.replace(req, tools=None, tool_choice=None)
         changes.append("tools_stripped")
+    if any(k in req.sampling for k in limits.strip_sampling):
+        req = dataclasses.replace(req, sampling={k: v for k, v in req.sampling.items() if k not in limits.strip_sampling})
+        changes.append("sampling_stripped")
     return req, changes
 
 
@@ -72,7 +85,7 @@ class AdaptedPool:
         self.original = pool
         self.limits = limits
         self._requests: list[Any] = []
-        counts = {"dropped_over_context": 0, "trimmed_output": 0, "tools_stripped": 0}
+        counts = {"dropped_over_context": 0, "trimmed_output": 0, "tools_stripped": 0, "sampling_stripped": 0}
         dropped: list[str] = []
         n = 0
         for req in pool.iter_requests(None):
@@ -101,8 +114,9 @@ class AdaptedPool:
 
     def summary(self) -> str:
         a = self.adaptation
-        parts = [f"{a[k]} {k.replace('_', ' ')}" for k in ("dropped_over_context", "trimmed_output", "tools_stripped")
-                 if a[k]]
+        parts = [f"{a[k]} {k.replace('_', ' ')}" for k in ("dropped_over_context", "trimmed_output", "tools_stripped",
+                                                           "sampling_stripped") if a[k]]
         return (f"pool adapted to the endpoint's limits (max_model_len={self.limits.max_model_len}, "
-                f"strip_tools={self.limits.strip_tools}): {', '.join(parts) or 'nothing changed'} "
+                f"strip_tools={self.limits.strip_tools}, strip_sampling={list(self.limits.strip_sampling)}): "
+                f"{', '.join(parts) or 'nothing changed'} "
                 f"of {a['requests']} requests")

@@ -78,10 +78,16 @@ def test_resolved_config_and_drift():
         "config drift: enforce_eager not reported by the server (requested True)"]
 
 
-def test_crash_excerpt_keeps_the_error():
-    log = "INFO start\nTraceback (most recent call last):\n  File x\nRuntimeError: CPU Generator does not use offset\n" \
-          "INFO shutting down\n"
-    assert _crash_excerpt(log).splitlines()[-1] == "RuntimeError: CPU Generator does not use offset"
+def test_crash_excerpt_finds_the_root_cause():
+    log = ("(APIServer pid=1) WARNING [system_utils.py:255] can cause fd limit errors like `OSError: [Errno 24] Too many`\n"
+           "(Worker pid=4) ERROR [multiproc_executor.py:1063] Traceback (most recent call last):\n"
+           "(Worker pid=4) ERROR [multiproc_executor.py:1063]     gen.set_offset(gen.get_offset() - 4)\n"
+           "(Worker pid=4) ERROR [multiproc_executor.py:1063] RuntimeError: CPU Generator does not use offset\n"
+           "(APIServer pid=1) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered "
+           "an issue. See stack trace (above) for the root cause.\n")
+    excerpt = _crash_excerpt(log).splitlines()
+    assert excerpt[-1].endswith("] RuntimeError: CPU Generator does not use offset")
+    assert "gen.set_offset" in excerpt[-2] and not any("OSError" in ln for ln in excerpt[1:])
     assert _crash_excerpt("a\nb\n") == "a\nb"
 
 
@@ -107,7 +113,7 @@ def test_deploy_drift_and_crash_against_a_standin(tmp_path):
             dep.run_step([_req(0)], step_id="s2", timeout_s=5)
     finally:
         dep.close()
-    run_dir = next(p for p in (tmp_path / "runs").iterdir() if (p / "server_info.json").exists())
+    run_dir = dep.run_dir
     assert (run_dir / "launch.json").exists() and (run_dir / "exit_code").read_text().strip() == "1"
     assert "CPU Generator does not use offset" in (run_dir / "server.log").read_text()
 
@@ -123,8 +129,10 @@ needs_real_engine = pytest.mark.skipif(
 @needs_real_engine
 def test_real_vllm_serves_refuses_and_reports_its_config(tmp_path):
     """One real vLLM CPU server (about 2 minutes to start on one core): resolved config, the step's
-    refusals classified from vLLM's own bodies, the prefix cache reset, teardown by process group."""
-    spec = _spec(tmp_path, {"max_num_seqs": 4, "max_model_len": 512, "enable_prefix_caching": True},
+    refusals classified from vLLM's own bodies, the prefix cache reset, the CPU backend's crash on a
+    seeded request whose prefill is chunked (vLLM 0.32; pool.adapt strips seeds for it), teardown."""
+    spec = _spec(tmp_path, {"max_num_seqs": 4, "max_model_len": 512, "max_num_batched_tokens": 256,
+                            "enable_prefix_caching": True},
                  model_path=str(TINY), served_model_name="tiny", engine_cores="1" if os.cpu_count() > 1 else "",
                  client_cores="0" if os.cpu_count() > 1 else "", extra_args=["--dtype", "bfloat16"],
                  startup_timeout_s=900)
@@ -133,6 +141,7 @@ def test_real_vllm_serves_refuses_and_reports_its_config(tmp_path):
     try:
         args = dep.server_info()["server_args"]
         assert args["max_num_seqs"] == 4 and args["max_model_len"] == 512 and args["enable_prefix_caching"] is True
+        assert args["max_num_batched_tokens"] == 256 and args["enable_chunked_prefill"] is True
         assert eng.version().startswith("0.32")
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
         out = dep.run_step([_req(0), _req(1, "word " * 2000), _req(2, tools=tools, tool_choice="auto"), _req(3)],
@@ -140,6 +149,9 @@ def test_real_vllm_serves_refuses_and_reports_its_config(tmp_path):
         assert [r.error_class for r in out.records] == [None, CONTEXT_TOO_LONG, UNSUPPORTED_FEATURE, None]
         assert "maximum context length is 512" in out.meta["failures"][CONTEXT_TOO_LONG]["message"]
         assert dep.flush_cache() is True
+        crash = dep.run_step([_req(0, "the " * 350, seed=1)], step_id="seeded", timeout_s=60)  # ~358 tokens > 256
+        assert crash.records[0].error_class == ENGINE_CRASH
+        assert crash.meta["engine_crash"]["excerpt"].endswith("RuntimeError: CPU Generator does not use offset")
         pgid = dep.process.pgid
     finally:
         dep.close()

@@ -19,7 +19,7 @@ def _pool() -> FakePool:
             FakePoolRequest(id="near", arrival_s=2.0, messages=[{"role": "user", "content": "c"}], prompt_tokens=900,
                             output_tokens=300),
             FakePoolRequest(id="tool", arrival_s=3.0, messages=[{"role": "user", "content": "d"}], prompt_tokens=10,
-                            tools=TOOLS, tool_choice="auto"),
+                            tools=TOOLS, tool_choice="auto", sampling={"seed": 7, "temperature": 0.5}),
             FakePoolRequest(id="train", arrival_s=4.0, messages=[{"role": "user", "content": "e"}], prompt_tokens=5000,
                             split="training")]
     pool = FakePool(rows)
@@ -28,18 +28,21 @@ def _pool() -> FakePool:
 
 
 def test_drop_trim_strip_are_counted():
-    pool = AdaptedPool(_pool(), PoolLimits(max_model_len=1000, strip_tools=True, margin=0.02))
+    pool = AdaptedPool(_pool(), PoolLimits(max_model_len=1000, strip_tools=True, strip_sampling=("seed",),
+                                           margin=0.02))
     served = {r.id: r for r in pool.iter_requests("serving")}
     assert set(served) == {"short", "near", "tool"} and len(pool) == 3
     assert served["near"].output_tokens == 980 - 900 and served["short"].output_tokens == 50
     assert served["tool"].tools is None and served["tool"].tool_choice is None
+    assert served["tool"].sampling == {"temperature": 0.5}
     a = pool.meta["adaptation"]
-    assert (a["requests"], a["dropped_over_context"], a["trimmed_output"], a["tools_stripped"]) == (5, 2, 1, 1)
+    assert (a["requests"], a["dropped_over_context"], a["trimmed_output"], a["tools_stripped"],
+            a["sampling_stripped"]) == (5, 2, 1, 1, 1)
     assert a["dropped_ids"] == ["long", "train"]
     assert pool.content_hash.startswith("abc+adapted-") and pool.content_hash != _pool().content_hash
-    assert "2 dropped over context, 1 trimmed output, 1 tools stripped of 5 requests" in pool.summary()
+    assert "2 dropped over context, 1 trimmed output, 1 tools stripped, 1 sampling stripped of 5" in pool.summary()
     body = build_schedule(pool, [0.0, 1.0, 2.0], model="m", seed=0)
-    assert all("tools" not in s.body and "tool_choice" not in s.body for s in body)
+    assert all("tools" not in s.body and "tool_choice" not in s.body and "seed" not in s.body for s in body)
     assert [s.body["max_tokens"] for s in body] == [50, 80, 4]
 
 
@@ -56,8 +59,10 @@ def _spec(opts, config=None) -> EndpointSpec:
 
 def test_limits_from_the_endpoint():
     assert limits_from_options(_spec(None)) is None
-    assert limits_from_options(_spec({"strip_tools": True}, {"max_model_len": 4096})) == PoolLimits(
-        max_model_len=4096, strip_tools=True)
+    assert limits_from_options(_spec({"strip_tools": True, "strip_sampling": ["seed"]}, {"max_model_len": 4096})) == \
+        PoolLimits(max_model_len=4096, strip_tools=True, strip_sampling=("seed",))
+    with pytest.raises(SpecError, match="strip_sampling must be a list"):
+        limits_from_options(_spec({"strip_sampling": "seed"}))
     assert limits_from_options(_spec({"max_model_len": 2048, "margin": 0.1})).max_model_len == 2048
     with pytest.raises(SpecError, match="adapt_pool takes"):
         limits_from_options(_spec({"drop_everything": True}))
