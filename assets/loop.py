@@ -312,6 +312,8 @@ def promotion_decision(context: dg.AssetExecutionContext, registry: EndpointRegi
     context.log.info(decision.get("reason", ""))
     scores = [e.get("score") or {} for e in r.state.experiments if e.get("round") == decision["round"]]
     hits = [s["direction_hit"] for s in scores if s.get("scored")]
+    emu = sorted(abs(e["emulator_prediction"]["log_error"]) for e in r.state.experiments
+                 if (e.get("emulator_prediction") or {}).get("log_error") is not None)
     return dg.MaterializeResult(metadata={
         "promote": bool(decision["promote"]), "next": decision["next"],
         "ended_because": str(decision.get("ended_because") or ""),
@@ -322,6 +324,9 @@ def promotion_decision(context: dg.AssetExecutionContext, registry: EndpointRegi
         "round_hit_rate": float(sum(hits) / len(hits)) if hits else 0.0,
         "experiments_spent": int(r.state.spent["experiments"]),
         "gpu_hours_spent": float(r.state.spent["gpu_seconds"] / 3600),
+        # the calibrated emulator's error over this campaign's verified experiments (emulator_error_report has more)
+        "emulator_median_abs_log_error": float(emu[len(emu) // 2]) if emu else 0.0,
+        "emulator_calibration_version": int(r.state.surrogate.get("version") or 0),
         "path": dg.MetadataValue.path(str(path))})
 
 

@@ -16,6 +16,7 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
 from assets.approval import approve_production, production_approval  # noqa: E402
+from assets.emulator import emulator_error_report  # noqa: E402
 from assets.inputs import engine_version  # noqa: E402
 from assets.loop import (  # noqa: E402
     campaign_report,
@@ -50,7 +51,7 @@ from sensors import (  # noqa: E402
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 OBSERVE_ENGINE_JOB = "observe_engine_version"
 ASSETS = [engine_version, replay_pool, confirmed_baseline, noise_baseline, diagnostic_report, proposals,
-          experiment_results, promotion_decision, campaign_report, production_approval]
+          experiment_results, promotion_decision, campaign_report, production_approval, emulator_error_report]
 
 
 def _path(env: str, default: str) -> str:

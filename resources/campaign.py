@@ -20,6 +20,7 @@ class CampaignResource(dg.ConfigurableResource):
     budget_gpu_hours: float | None = None
     deadline_min: float | None = None
     concurrent_gpus: int = 2
+    prescreen: bool = False  # pre-screen candidates on the calibrated emulator (agents.prescreen)
 
     def settings(self, seed: int = 0, probes: bool = True) -> Any:
         from autoresearch_dagster.campaign.state import CampaignSettings
@@ -28,7 +29,7 @@ class CampaignResource(dg.ConfigurableResource):
         return CampaignSettings(
             proposer=self.proposer, claude_model=self.claude_model, directions_per_round=self.directions_per_round,
             experiments_per_round=self.experiments_per_round, search_trials=self.search_trials, confirm=self.confirm,
-            seed=seed, diagnosis_probes=probes,
+            seed=seed, diagnosis_probes=probes, prescreen=self.prescreen,
             budget=CampaignBudget(max_experiments=self.budget_experiments, max_gpu_hours=self.budget_gpu_hours,
                                   max_wall_s=self.deadline_min * 60 if self.deadline_min else None,
                                   max_concurrent_gpus=self.concurrent_gpus))

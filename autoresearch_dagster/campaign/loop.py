@@ -7,12 +7,16 @@ back atomically, so the same steps serve the CLI (``run`` drives them in one pro
 assets (one step per asset, the back edges owned by sensors) and the benchmarks:
 
 - ``measure``: the era's noise floor (``experiments.noise``); its runs become the era's shared control;
-  the surrogate is calibrated on them; a promotion's re-measured gain is checked (replication);
+  the surrogate (starting from the endpoint's latest stored calibration) is calibrated on them and the
+  fit stored as the next version (``campaign.grounding``); a promotion's re-measured gain is checked
+  (replication);
 - ``diagnose``: the diagnostic report (or one the caller measured) and its hypotheses;
-- ``plan``: the orchestrator's round (``agents.orchestrator``) within the budget left;
+- ``plan``: the orchestrator's round (``agents.orchestrator``) within the budget left, pre-screened on the
+  calibrated emulator when ``prescreen`` is set (``agents.prescreen``);
 - ``run_proposal``: one experiment against the shared control (parallel-safe: it writes only its file);
-- ``close``: scores, memory, direction statistics, the diversity pool, the corrector's residuals and
-  the promotion decision, then what comes next (promote, another round, or the end);
+- ``close``: scores, memory, direction statistics, the diversity pool, the corrector's residuals, the
+  emulator's prediction beside each measurement (``emulator_errors``; a drifting error re-calibrates)
+  and the promotion decision, then what comes next (promote, another round, or the end);
 - ``set_baseline``: a promotion (or a rollback) becomes the next era;
 - ``finish``: ``campaign.json``, the progress plot and the review package (``campaign.review``).
 
@@ -30,13 +34,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from autoresearch_dagster.agents import scoring
+from autoresearch_dagster.agents import emulator_errors, scoring
 from autoresearch_dagster.agents.guardrails import Guardrails, resolved_config
 from autoresearch_dagster.agents.offline import OfflineProposer, Predictor, diff
 from autoresearch_dagster.agents.orchestrator import DirectionStat, RoundInputs, RoundPlan, control_groups, plan_round
+from autoresearch_dagster.agents.prescreen import prescreen
 from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Proposal, ResearchBrief, lossy_settings
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
 from autoresearch_dagster.agents.tools import ToolBox
+from autoresearch_dagster.campaign import grounding
 from autoresearch_dagster.campaign.state import CampaignSettings, CampaignState, Era
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.experiments import stats
@@ -179,6 +185,10 @@ class CampaignRunner:
 
     def surrogate(self) -> Surrogate:
         if self._surrogate is None:
+            if not self.state.surrogate.get("efficiency"):  # a new campaign starts from the stored calibration
+                stored, version = grounding.start_from_store(self.results, self.endpoint.name)
+                if stored:
+                    self.state.surrogate.update(efficiency=stored, version=version, start_version=version)
             eff = self.state.surrogate.get("efficiency")
             base_cap = ((self.state.era.noise or {}).get("median") or 1.0)
             cap = self.profile.capacity
@@ -316,7 +326,11 @@ class CampaignRunner:
         except (SpecError, ValueError) as e:
             self.say(f"  surrogate calibration skipped: {e}")
             return
-        self.state.surrogate = {"efficiency": sur.efficiency.__dict__, "calibration": cal}
+        version = grounding.store(self, cal, config=era.config, reason="campaign",
+                                  source=f"campaign {self.state.campaign_id} era {era.index} noise run "
+                                         f"{median_run.run_id}") if sur.model_id != before else None
+        self.state.surrogate = {**self.state.surrogate, "efficiency": sur.efficiency.__dict__, "calibration": cal,
+                                "version": version or self.state.surrogate.get("version")}
         if sur.model_id != before:
             self.say(f"  surrogate calibrated on {cal.get('points')} steps: error {cal.get('error_before', 0):.1%} -> "
                      f"{cal.get('error_after', 0):.1%} ({', '.join(f'{k}={v:.3g}' for k, v in cal['params'].items())})")
@@ -411,6 +425,7 @@ class CampaignRunner:
         round_no = len(self.state.rounds) + 1
         b = self.settings.budget
         left = (b.max_experiments - int(self.state.spent["experiments"])) if b.max_experiments else 10 ** 6
+        slots = min(self.settings.experiments_per_round, left)
         brief = self._brief(round_no)
         stats_ = {d: DirectionStat(**s) for d, s in self.state.direction_stats.items()}
         pool_entries = [p for p in self.state.diversity_pool if era.index not in p.get("tried_in_eras", [])]
@@ -419,9 +434,11 @@ class CampaignRunner:
         self.say(f"round {round_no} (era {era.index}): orchestrator opens {self.settings.directions_per_round} "
                  "direction(s)")
         plan = plan_round(inputs, self.proposers(), guardrails=self.guardrails(), predictor=self.predictor(),
-                          max_experiments=min(self.settings.experiments_per_round, left),
+                          max_experiments=slots * (self.settings.prescreen_pool if self.settings.prescreen else 1),
                           n_directions=self.settings.directions_per_round, tools=self._toolbox(),
                           trace_dir=self.dir / "traces", exhausted_after=self.settings.exhausted_after)
+        if self.settings.prescreen:
+            self._prescreen(plan, slots)
         rollback = self._rollback_control(brief)
         if rollback is not None:
             plan.proposals = [rollback] + plan.proposals[:max(0, min(self.settings.experiments_per_round, left) - 1)]
@@ -454,6 +471,21 @@ class CampaignRunner:
         self.state.phase = "experiment"
         self.save()
         return plan
+
+    def _prescreen(self, plan: RoundPlan, slots: int) -> None:
+        """Keep the round's promising candidates (``agents.prescreen``); the rest are recorded as screened."""
+        margin = float((self.state.era.noise or {}).get("margin") or 0.02)
+        res = prescreen(plan.proposals, self.predictor(), self.state.era.config, margin=margin,
+                        gain=self.settings.prescreen_gain, slots=slots)
+        plan.proposals = res.kept
+        plan.rejected += res.screened
+        write_json(self.dir / "rounds" / f"{plan.round:03d}" / "prescreen.json", json_safe({
+            "floor": 1 + self.settings.prescreen_gain * margin, "margin": margin, "slots": slots,
+            "kept": [p.id for p in res.kept], "screened": [s["proposal_id"] for s in res.screened],
+            "predictions": res.predictions}))
+        plan.note += f"; pre-screen on the calibrated emulator kept {len(res.kept)}, screened out {len(res.screened)}"
+        for s in res.screened:
+            self.say(f"  screened {s['proposal_id']}: {s['reasons'][0][:160]}")
 
     def _rollback_control(self, brief: ResearchBrief) -> Proposal | None:
         era = self.state.era
@@ -495,7 +527,8 @@ class CampaignRunner:
                          "reasons": reasons, "recorded_at": now})
         for r in plan.rejected:
             rows.append({"proposal_id": r["proposal_id"], "campaign_id": self.state.campaign_id, "round": plan.round,
-                         "proposer": r.get("proposer"), "direction": r.get("direction"), "status": "refused",
+                         "proposer": r.get("proposer"), "direction": r.get("direction"),
+                         "status": r.get("status", "refused"),
                          "intervention_json": json.dumps(r.get("intervention"), sort_keys=True, default=str),
                          "reasons": [str(x) for x in r.get("reasons") or []], "recorded_at": now})
         return {"proposals": rows}
@@ -566,7 +599,7 @@ class CampaignRunner:
         era, st = self.state.era, self.state
         margin = float(era.noise.get("margin") or 0.02)
         cond = self.conditions()
-        findings, predictions = [], []
+        findings, predictions, errors = [], [], []
         sur = self.surrogate()
         for rec in records:
             if any(e["experiment_id"] == rec["experiment_id"] for e in st.experiments):
@@ -588,11 +621,20 @@ class CampaignRunner:
                 if not rec["correctness"].get("passed") and failed:
                     st.gate_failures[rec["experiment_id"]] = failed
             if rec["verdict"] in ("better", "same", "worse") and rec.get("ratio_median"):
-                pts = sur.evaluate([era.config, rec["candidate_config"]])
-                if pts[0].feasible and pts[1].feasible and pts[0].capacity_rps > 0 and pts[1].capacity_rps > 0:
-                    st.residuals.append({"knobs": sorted(rec["intervention"]),
-                                         "predicted": pts[1].capacity_rps / pts[0].capacity_rps,
+                emu = grounding.emulator_prediction(sur, era.config, rec["candidate_config"], st.surrogate.get("version"))
+                if emu is not None:  # the emulator's prediction beside the measurement
+                    st.residuals.append({"knobs": sorted(rec["intervention"]), "predicted": emu["ratio"],
                                          "measured": rec["ratio_median"], "experiment_id": rec["experiment_id"]})
+                    row = emulator_errors.error_row(
+                        experiment_id=rec["experiment_id"], proposal_id=rec["proposal_id"], campaign_id=st.campaign_id,
+                        round_no=plan.round, era=era.index, knobs=list(rec["intervention"]), emulated_ratio=emu["ratio"],
+                        measured_ratio=rec["ratio_median"], verdict=rec["verdict"],
+                        ci=(rec.get("ci_low"), rec.get("ci_high")), calibration_version=emu["calibration_version"],
+                        surrogate_model=emu["surrogate_model"], baseline_rps=emu["baseline_rps"],
+                        candidate_rps=emu["candidate_rps"], recorded_at=utc_now())
+                    emu["log_error"] = row["log_error"]
+                    errors.append(row)
+                rec["emulator_prediction"] = emu
             if rec.get("anchor_run_ids"):
                 anchors = json.loads((self.dir / "rounds" / f"{plan.round:03d}" / "experiments" /
                                       f"{rec['proposal_id']}.json").read_text()).get("anchors", [])
@@ -628,8 +670,11 @@ class CampaignRunner:
                 self.results.append_rows(finding_rows(findings, st.campaign_id), endpoint=self.endpoint.name)
             if predictions:
                 self.results.append_rows({"predictions": predictions}, endpoint=self.endpoint.name)
+            if errors:
+                self.results.append_rows({"emulator_errors": errors}, endpoint=self.endpoint.name)
         if self.memory is not None:
             self.memory.commit(f"{self.endpoint.name}: round {plan.round} of campaign {st.campaign_id}")
+        self._recalibrate_on_drift()
         self._save_surrogate()
         decision = self._decide(plan, [e for e in st.experiments if e["round"] == plan.round])
         st.rounds[-1].update({"experiments": [e["experiment_id"] for e in st.experiments if e["round"] == plan.round],
@@ -640,6 +685,44 @@ class CampaignRunner:
             self._end(decision["ended_because"])
         self.save()
         return decision
+
+    def _recalibrate_on_drift(self) -> None:
+        """Re-calibrate when the emulator's error drifts (``agents.emulator_errors.drift``) over the experiments
+        verified since the last calibration; the fit spans the baseline and those experiments' candidates."""
+        limit, st = self.settings.recalibrate_error, self.state
+        if limit is None:
+            return
+        since = int(st.surrogate.get("drift_from", 0))
+        window = self.settings.recalibrate_window
+        rows = [{"experiment_id": e["experiment_id"], "log_error": e["emulator_prediction"]["log_error"],
+                 "calibration_version": 0, "recorded_at": i}
+                for i, e in enumerate(st.experiments[since:]) if (e.get("emulator_prediction") or {}).get("log_error")
+                is not None]
+        d = emulator_errors.drift(rows, window=window, threshold=limit)
+        if not d.drifting:
+            return
+        st.surrogate["drift_from"] = len(st.experiments)  # judged: the next check waits for new experiments
+        self.say(f"  emulator error drifting ({d.reason}): re-calibrating")
+        exps = [e for e in st.experiments if e["experiment_id"] in d.experiments]
+        points = grounding.drift_points(self, exps)
+        sur = self.surrogate()
+        try:
+            cal = sur.fit(st.era.config, points) if len(points) >= 2 else {"fitted": False,
+                                                                           "reason": "fewer than 2 measured steps"}
+        except (SpecError, ValueError) as e:
+            cal = {"fitted": False, "reason": str(e)}
+        version = grounding.store(self, cal, config=st.era.config, reason="drift", source=(
+            f"campaign {st.campaign_id} era {st.era.index}: baseline and candidates of {', '.join(d.experiments)}"),
+            detail={"drift": d.to_dict()}) if cal.get("fitted") else None
+        st.surrogate.update(efficiency=sur.efficiency.__dict__, version=version or st.surrogate.get("version"))
+        st.surrogate.setdefault("recalibrations", []).append({"drift": d.to_dict(), "fitted": cal.get("fitted"),
+                                                              "version": version, "params": cal.get("params"),
+                                                              "error_before": cal.get("error_before"),
+                                                              "error_after": cal.get("error_after"),
+                                                              "reason": cal.get("reason"), "at": _now()})
+        self.say(f"  re-calibration on {len(points)} steps: " + (
+            f"stored v{version}, error {cal['error_before']:.1%} -> {cal['error_after']:.1%}" if cal.get("fitted")
+            else f"not kept ({cal.get('reason') or 'it did not lower the error'})"))
 
     def _prediction_row(self, rec: dict[str, Any], round_no: int, margin: float) -> dict[str, Any]:
         s, p = rec["score"], rec["prediction"]

@@ -122,7 +122,8 @@ def build_report(runner: Any) -> dict[str, Any]:
                     "ci": [e.get("ci_low"), e.get("ci_high")], "lossy": e.get("lossy"),
                     "correctness_passed": (e.get("correctness") or {}).get("passed") if e.get("correctness") else None,
                     "gpu_hours": (e.get("gpu_seconds") or 0) / 3600, "runs": e.get("runs"), "score": e.get("score"),
-                    "trace": e.get("trace"), "reason": e.get("reason")} for e in st.experiments]
+                    "trace": e.get("trace"), "reason": e.get("reason"),
+                    "emulator_prediction": e.get("emulator_prediction")} for e in st.experiments]
     path_exps = [e for e in st.experiments if e["experiment_id"] in {x.source_experiment_id for x in st.eras[1:best.index + 1]}]
     correctness = [{"experiment_id": e["experiment_id"], "intervention": e["intervention"], **(e.get("correctness") or {})}
                    for e in path_exps if e.get("correctness")]
@@ -154,6 +155,7 @@ def build_report(runner: Any) -> dict[str, Any]:
                   "wall_s": st.spent.get("wall_s", 0.0)},
         "gpu_hours_per_decided_verdict_median": gpu_per_verdict[len(gpu_per_verdict) // 2] if gpu_per_verdict else None,
         "surrogate": st.surrogate.get("calibration"),
+        "calibration": {k: st.surrogate.get(k) for k in ("start_version", "version", "recalibrations")},
         "paths": {"dir": str(runner.dir), "state": str(runner.state_path)},
         "finished_at": utc_now().isoformat(),
     }

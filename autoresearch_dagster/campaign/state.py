@@ -35,6 +35,14 @@ class CampaignSettings(BaseModel):
                                                                  "nothing is set aside")
     diversity_size: int = Field(default=4, ge=0)
     calibrate: bool = Field(default=True, description="fit the surrogate to each baseline's measured curves")
+    prescreen: bool = Field(default=False, description="pre-screen candidates on the calibrated emulator and send "
+                                                       "only the promising ones to the real engine (agents.prescreen)")
+    prescreen_gain: float = Field(default=1.0, ge=0.0, description="promising: a predicted ratio of at least 1 + this "
+                                                                   "x the verdict margin")
+    prescreen_pool: int = Field(default=2, ge=1, le=8, description="candidates screened per round slot")
+    recalibrate_window: int = Field(default=3, ge=1, description="verified experiments the drift rule looks at")
+    recalibrate_error: float | None = Field(default=0.10, ge=0.0, description="median |ln(measured / emulated)| "
+                                            "ratio error above which the emulator is re-calibrated (None: never)")
     diagnosis_probes: bool = Field(default=True, description="run the one-variable probes in each diagnosis")
     confirm: Literal["fresh_runs", "remeasure"] = Field(
         default="remeasure", description="how a 'better' is confirmed: fresh runs inside the experiment, or the "

@@ -44,6 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--lake", default="out/lake", help="results lake root (default out/lake)")
     r.add_argument("--memory", default="memory", help="memory directory (default ./memory; committed when it is "
                                                        "in a git work tree)")
+    r.add_argument("--prescreen", action="store_true",
+                   help="pre-screen candidates on the calibrated emulator; run only those it predicts to gain at "
+                        "least the verdict margin (controls and measured follow-ups exempt)")
+    r.add_argument("--recalibrate-error", type=float, default=0.10,
+                   help="re-calibrate the emulator when the median |ln(measured / emulated)| ratio error of the last "
+                        "3 verified experiments exceeds this (default 0.10)")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=run)
 
@@ -89,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         settings = CampaignSettings(proposer=args.proposer, claude_model=args.claude_model,
                                     directions_per_round=args.directions,
                                     experiments_per_round=args.experiments_per_round, search_trials=args.search_trials,
-                                    confirm=args.confirm, seed=args.seed, budget=budget)
+                                    confirm=args.confirm, seed=args.seed, budget=budget, prescreen=args.prescreen,
+                                    recalibrate_error=args.recalibrate_error)
     except ValidationError as e:
         raise SpecError(f"campaign settings: {validation_message(e)}") from None
     results = open_lake(args.lake)

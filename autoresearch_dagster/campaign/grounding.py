@@ -1,0 +1,97 @@
+"""Owns the campaign's link to the calibration store and the emulator error report: calibrate, verify, re-calibrate.
+
+- The surrogate starts from the endpoint's latest stored calibration (``emulator.calibrations``), and
+  each era's own fit (``CampaignRunner._calibrate``) is stored as the next version (reason ``campaign``).
+- Every verified experiment gets the calibrated emulator's raw prediction beside its measurement
+  (``emulator_prediction``) and one ``emulator_errors`` row (``agents.emulator_errors``).
+- When the error drifts (the median |log error| of the last ``recalibrate_window`` experiments of the
+  current calibration above ``recalibrate_error``), the surrogate is refitted on the era's baseline
+  curve *and* those experiments' candidate curves (from the lake), so the fit sees the configs whose
+  differences it mispredicted, and the fit is stored as the next version (reason ``drift``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from autoresearch_dagster.emulator.calibrations import StoredCalibration, latest, save
+from autoresearch_dagster.spec import config_hash
+
+
+def start_from_store(results: Any, endpoint: str) -> tuple[dict[str, float] | None, int | None]:
+    """(efficiency values, version) of the endpoint's latest stored calibration, or (None, None)."""
+    if results is None:
+        return None, None
+    cal = latest(results.root, endpoint)
+    return (cal.to_efficiency().__dict__, cal.version) if cal else (None, None)
+
+
+def store(runner: Any, cal: dict[str, Any], *, config: dict[str, Any], reason: str, source: str,
+          detail: dict[str, Any] | None = None) -> int | None:
+    """Store a surrogate fit (``Surrogate.fit``'s dict) as the endpoint's next calibration version (None: no lake
+    or the fit was not kept)."""
+    if runner.results is None or not cal.get("fitted"):
+        return None
+    ep, st = runner.endpoint, runner.state
+    noise = st.era.noise or {}
+    stored = save(runner.results.root, StoredCalibration(
+        endpoint=ep.name, engine=st.engine, engine_version=str(noise.get("engine_version") or "unknown"),
+        model=ep.model, gpu=ep.hardware.gpu, gpus=ep.gpus, config_hash=config_hash(config), pool_hash=st.pool_hash,
+        reason=reason, source=source, params=cal["params"], efficiency=runner.surrogate().efficiency.__dict__,
+        error_before=cal.get("error_before_by_metric") or {}, error_after=cal.get("error_after_by_metric") or {},
+        points=int(cal.get("points") or 0), n_evals=int(cal.get("n_evals") or 0), success=bool(cal.get("success")),
+        residuals=cal.get("residuals") or [], detail={"campaign_id": st.campaign_id, "era": st.era.index,
+                                                       **(detail or {})}), results=runner.results)
+    return stored.version
+
+
+def emulator_prediction(sur: Any, base: dict[str, Any], candidate: dict[str, Any],
+                        version: int | None) -> dict[str, Any] | None:
+    """The calibrated emulator's raw capacity ratio of ``candidate`` over ``base`` (None if it cannot model one)."""
+    b, c = sur.evaluate([base, candidate])
+    if not (b.feasible and c.feasible and b.capacity_rps > 0 and c.capacity_rps > 0):
+        return None
+    return {"ratio": c.capacity_rps / b.capacity_rps, "baseline_rps": b.capacity_rps, "candidate_rps": c.capacity_rps,
+            "calibration_version": version, "surrogate_model": sur.model_id}
+
+
+def candidate_curves(results: Any, experiment_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """experiment id -> the load steps of its median-capacity valid candidate run, from the lake."""
+    if results is None or not experiment_ids:
+        return {}
+    marks = ",".join("?" * len(experiment_ids))
+    runs = results.query(f"SELECT experiment_id, run_id, coalesce(capacity_interp_rps, capacity_rps) FROM runs "
+                         f"WHERE arm = 'candidate' AND valid AND experiment_id IN ({marks})", list(experiment_ids))
+    picked: dict[str, str] = {}
+    for eid in experiment_ids:
+        mine = sorted((r for r in runs if r[0] == eid and r[2] is not None), key=lambda r: r[2])
+        if mine:
+            picked[eid] = mine[len(mine) // 2][1]
+    if not picked:
+        return {}
+    con = results.connect()
+    try:
+        cur = con.execute(f"SELECT * FROM load_steps WHERE run_id IN ({','.join('?' * len(picked))})",
+                          list(picked.values()))
+        cols = [d[0] for d in cur.description]
+        steps = [dict(zip(cols, row)) for row in cur.fetchall()]
+    finally:
+        con.close()
+    return {eid: [s for s in steps if s["run_id"] == rid] for eid, rid in picked.items()}
+
+
+def drift_points(runner: Any, experiments: list[dict[str, Any]], *, per_curve: int = 2) -> list[Any]:
+    """CurvePoints of the era's median baseline run and of ``experiments``' candidate runs, each with its config."""
+    from dataclasses import replace
+
+    from autoresearch_dagster.emulator.calibrate import below_knee, curve_points
+
+    era = runner.state.era
+    base_run = next((r for r in runner.control_runs() if r.run_id == (era.noise or {}).get("median_run_id")), None)
+    base_run = base_run or next(iter(runner.control_runs()), None)
+    points = [replace(p, config=dict(era.config))
+              for p in curve_points(below_knee(base_run.steps, keep=per_curve))] if base_run else []
+    curves = candidate_curves(runner.results, [e["experiment_id"] for e in experiments])
+    for e in experiments:
+        pts = curve_points(below_knee(curves.get(e["experiment_id"], []), keep=per_curve))
+        points += [replace(p, config=dict(e["candidate_config"])) for p in pts]
+    return [replace(p, seed=i) for i, p in enumerate(points)]
