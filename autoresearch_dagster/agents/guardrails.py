@@ -1,7 +1,7 @@
 """Owns the guardrails every proposal passes before the harness may run it, whoever proposed it.
 
-Knob names, types, bounds and allowed values come from ``spec.KNOBS`` (the schema already enforces
-them). On top: a numeric knob moves by at most ``max_numeric_step`` (a factor, against its resolved
+Knob names, types, bounds and allowed values come from the endpoint's engine's knob table
+(``Guardrails.engine``; ``spec.knobs_for``: SGLang's ``KNOBS`` or vLLM's ``VLLM_KNOBS``). On top: a numeric knob moves by at most ``max_numeric_step`` (a factor, against its resolved
 value on the baseline) unless the proposal's intervention gives a justification, and then by at
 most ``justified_step``; no more than ``max_changes`` knobs at once; locked knobs stay as they are;
 the GPUs the config asks for (``tp_size`` x ``dp_size``) fit the deployment; speculative parameters
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autoresearch_dagster.agents.proposal import Proposal
-from autoresearch_dagster.spec import KNOBS, SpecError, config_hash, server_overrides, validate_server_config
+from autoresearch_dagster.spec import KNOBS, SpecError, config_hash, knobs_for, server_overrides, validate_server_config
 
 SPECULATIVE_PARAMS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 MIN_JUSTIFICATION_CHARS = 20
@@ -28,6 +28,7 @@ class Guardrails:
     justified_step: float = 8.0
     max_changes: int = 4
     locked: tuple[str, ...] = ()
+    engine: str = "sglang"  # the endpoint's engine: which knob table proposals are checked against
 
     def describe(self) -> dict[str, Any]:
         """What a proposer is told about the limits."""
@@ -46,11 +47,11 @@ class GuardrailResult:
     reasons: list[str] = field(default_factory=list)
 
 
-def resolved_config(server_info: dict[str, Any] | None) -> dict[str, Any]:
-    """Every knob a server reported (``/server_info``, flat or under ``server_args``)."""
+def resolved_config(server_info: dict[str, Any] | None, engine: str = "sglang") -> dict[str, Any]:
+    """Every knob of the engine's table a server reported (``/server_info``, flat or under ``server_args``)."""
     info = server_info or {}
     src = info.get("server_args", info) if isinstance(info, dict) else {}
-    return {k: src[k] for k in KNOBS if k in src}
+    return {k: src[k] for k in knobs_for(engine) if k in src}
 
 
 def _numeric(x: Any) -> bool:
@@ -80,6 +81,7 @@ def check(proposal: Proposal, baseline_config: dict[str, Any], resolved: dict[st
     baseline as the server resolved it), and the candidate config it runs with."""
     reasons: list[str] = []
     notes: list[str] = []
+    table = knobs_for(g.engine)
     base = dict(baseline_config)
     if proposal.is_patch:
         notes.append(f"engine patch: {proposal.intervention.patch.summary[:200]}")
@@ -89,8 +91,12 @@ def check(proposal: Proposal, baseline_config: dict[str, Any], resolved: dict[st
             reasons.append(f"{name} is locked in this campaign")
     if len(delta) > g.max_changes:
         reasons.append(f"{len(delta)} knob changes in one proposal; at most {g.max_changes}")
+    unknown = [n for n in delta if n not in table]
+    if unknown:
+        return GuardrailResult(False, {}, notes, reasons + [
+            f"{', '.join(unknown)}: not {g.engine}'s knob(s); this endpoint's engine takes {', '.join(sorted(table))}"])
     for name, new in delta.items():
-        old = resolved.get(name, base.get(name, KNOBS[name].default))
+        old = resolved.get(name, base.get(name, table[name].default))
         refusal, note = _step_reason(name, old, new, proposal, g)
         if refusal:
             reasons.append(refusal)
@@ -98,9 +104,16 @@ def check(proposal: Proposal, baseline_config: dict[str, Any], resolved: dict[st
             notes.append(note)
     merged = {**base, **delta}
     try:
-        candidate = validate_server_config({k: v for k, v in merged.items() if v is not None})
+        candidate = validate_server_config({k: v for k, v in merged.items() if v is not None}, g.engine)
     except SpecError as e:
         return GuardrailResult(False, {}, notes, reasons + [str(e)])
+    if table is not KNOBS:  # vLLM: one parallel degree, no SGLang resolution rules
+        tp = candidate.get("tensor_parallel_size", 1)
+        if tp > g.gpus:
+            reasons.append(f"tensor_parallel_size = {tp} exceeds the deployment's {g.gpus} GPU(s)")
+        if not proposal.is_patch and config_hash(candidate) == config_hash(base):
+            reasons.append("the candidate equals the baseline: nothing to test")
+        return GuardrailResult(not reasons, candidate, notes, reasons)
     tp = candidate.get("tp_size", KNOBS["tp_size"].default)
     dp = candidate.get("dp_size", KNOBS["dp_size"].default)
     if tp * dp > g.gpus:

@@ -22,15 +22,16 @@ from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, Intervention,
 from autoresearch_dagster.agents.recipes import Recipe, load_recipes, resolve_move
 from autoresearch_dagster.agents.search import SearchSpace, normalize, search, static_problem
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
-from autoresearch_dagster.spec import KNOBS, config_hash
+from autoresearch_dagster.spec import config_hash, knobs_for
 
 
-def diff(base: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+def diff(base: dict[str, Any], config: dict[str, Any], engine: str = "sglang") -> dict[str, Any]:
     """Knobs whose value differs between two configs: an unset knob counts as its default (None: the
     server resolves it)."""
     keys = set(base) | set(config)
-    return {k: config.get(k, KNOBS[k].default) for k in sorted(keys, key=list(KNOBS).index)
-            if KNOBS[k].canonical(config.get(k, KNOBS[k].default)) != KNOBS[k].canonical(base.get(k, KNOBS[k].default))}
+    t = knobs_for(engine)
+    return {k: config.get(k, t[k].default) for k in sorted(keys, key=list(t).index)
+            if t[k].canonical(config.get(k, t[k].default)) != t[k].canonical(base.get(k, t[k].default))}
 
 
 class Predictor:
@@ -99,16 +100,16 @@ class OfflineProposer:
                 move = resolve_move(recipe, i, resolved)
                 if move is None:
                     continue
-                cfg = normalize({**base, **move.delta}, base, resolved)
-                if static_problem(cfg, brief.gpus):
+                cfg = normalize({**base, **move.delta}, base, resolved, brief.engine)
+                if static_problem(cfg, brief.gpus, brief.engine):
                     continue
                 h = config_hash(cfg)
                 if h not in origin:
                     origin[h] = (recipe, move.notes)
                     seeds.append((cfg, move.label))
         knobs = sorted({k for r, _ in recipes for m in r.moves for k in m}
-                       | {k for k, kn in KNOBS.items() if kn.direction == brief.direction})
-        space = SearchSpace.full(brief.gpus, base).around(knobs, resolved, max_step=g.justified_step)
+                       | {k for k, kn in knobs_for(brief.engine).items() if kn.direction == brief.direction})
+        space = SearchSpace.full(brief.gpus, base, brief.engine).around(knobs, resolved, max_step=g.justified_step)
         tested = {e.get("candidate_hash") for e in brief.history if e.get("baseline_hash") == brief.baseline_hash}
         tested |= set(brief.tested_configs)
         history = [(e["candidate_config"], float(e["ratio_median"])) for e in brief.history
@@ -120,7 +121,7 @@ class OfflineProposer:
             out = []
             for cfg, p in zip(configs, self.predictor.predict(base, configs, latency_metric=metric,
                                                               confidence=self.confidence)):
-                problem = static_problem(cfg, brief.gpus)
+                problem = static_problem(cfg, brief.gpus, brief.engine)
                 failed = fails_gate(cfg, base, brief.gate_failures)
                 if failed:
                     problem = f"{', '.join(failed)} failed the correctness gate before"
@@ -138,7 +139,7 @@ class OfflineProposer:
         # parsimony: among candidates the surrogate cannot tell apart, the one that changes fewer knobs first
         penalty = max(0.005, min_gain / 2)
         ranked = sorted((t for t in tpe.trials if t.value is not None and t.source != "history"),
-                        key=lambda t: -(t.value - penalty * max(0, len(diff(base, t.config)) - 1)))
+                        key=lambda t: -(t.value - penalty * max(0, len(diff(base, t.config, brief.engine)) - 1)))
         chosen, knob_sets, risks = [], [], []
         for t in ranked:
             h = config_hash(t.config)
@@ -146,7 +147,7 @@ class OfflineProposer:
                 continue
             if t.value < 1.0 + min_gain or len(chosen) >= brief.max_proposals:
                 break
-            ks = frozenset(diff(base, t.config))
+            ks = frozenset(diff(base, t.config, brief.engine))
             if ks in knob_sets and len(chosen) + 1 >= brief.max_proposals:
                 continue  # keep the last slot for a different set of knobs
             # two candidates staking on the same untested lossy settings fail the gate together: vary the bet
@@ -169,7 +170,7 @@ class OfflineProposer:
         for k, t in enumerate(chosen):
             rec, notes = origin.get(config_hash(t.config), (None, []))
             if rec is None:  # a search trial: explained by the recipe whose knobs it shares most
-                touched = set(diff(base, t.config))
+                touched = set(diff(base, t.config, brief.engine))
                 rec = max((r for r, _ in recipes), key=lambda r: len(touched & {x for m in r.moves for x in m}),
                           default=None)
             proposals.append(self._proposal(brief, t.config, rec, notes, k, source="recipe" if notes or
@@ -179,7 +180,7 @@ class OfflineProposer:
     def _proposal(self, brief: ResearchBrief, config: dict[str, Any], recipe: Recipe | None, notes: list[str],
                   k: int, *, source: str) -> Proposal:
         base = brief.baseline_config
-        delta = diff(base, config)
+        delta = diff(base, config, brief.engine)
         metric = recipe.latency_metric if recipe else "tpot"
         pred = self.predictor.predict(base, [config], latency_metric=metric, confidence=self.confidence)[0]
         prediction = self.predictor.prediction(pred, confidence=self.confidence)
@@ -207,7 +208,7 @@ class OfflineProposer:
         falsification = ((recipe.falsification + " ") if recipe else "") + (
             f"Numerically: refuted if the measured median capacity ratio falls outside "
             f"[{prediction.ratio_low:.3f}, {prediction.ratio_high:.3f}] or the verdict is not better{lat_text}.")
-        changes = [KnobChange(knob=n, value=v, why=KNOBS[n].tradeoff) for n, v in delta.items()]
+        changes = [KnobChange(knob=n, value=v, why=knobs_for(brief.engine)[n].tradeoff) for n, v in delta.items()]
         pid = f"r{brief.round}-{brief.direction[:5]}-{k}-{config_hash(config)[:6]}"
         return Proposal(id=pid, endpoint=brief.endpoint, campaign_id=brief.campaign_id, round=brief.round,
                         proposer=self.name, source=f"{source}:{recipe.name}" if recipe else source,

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from autoresearch_dagster.spec import KNOBS, SpecError, config_hash
+from autoresearch_dagster.spec import KNOBS, KNOBS_BY_ENGINE, VLLM_KNOBS, SpecError, config_hash, knobs_for
 
 DIRECTIONS = ("scheduling_cache", "speculative", "kernels_quant", "parallel_admission")
 DIRECTION_NAMES = {"scheduling_cache": "scheduling & cache", "speculative": "speculative decoding",
@@ -31,20 +31,27 @@ Kind = Literal["experiment", "control", "combination", "follow_up"]
 class KnobChange(BaseModel):
     """One knob set to one value (``null`` leaves it to the server's own default)."""
     model_config = ConfigDict(extra="forbid")
-    knob: str = Field(description="SGLang ServerArgs field name, e.g. chunked_prefill_size")
+    knob: str = Field(description="the engine's own knob name (SGLang ServerArgs, vLLM EngineArgs), e.g. "
+                                  "chunked_prefill_size")
     value: Any = Field(description="the new value (null: the server's default)")
     why: str = Field(default="", description="what this change does to the bottleneck")
 
     @model_validator(mode="after")
     def _valid(self) -> "KnobChange":
-        k = KNOBS.get(self.knob)
-        if k is None:
-            raise ValueError(f"unknown knob {self.knob!r}; known knobs: {', '.join(sorted(KNOBS))}")
-        try:
-            self.value = k.validate(self.value)
-        except SpecError as e:
-            raise ValueError(str(e)) from None
-        return self
+        """A knob of some engine's table with a value it allows; whether it is the endpoint's engine's
+        knob is the guardrails' check (a proposal does not know its endpoint's engine)."""
+        tables = [t for t in KNOBS_BY_ENGINE.values() if self.knob in t]
+        if not tables:
+            raise ValueError(f"unknown knob {self.knob!r}; known knobs: {', '.join(sorted(KNOBS))} "
+                             f"(vLLM: {', '.join(sorted(VLLM_KNOBS))})")
+        errors = []
+        for table in tables:
+            try:
+                self.value = table[self.knob].validate(self.value)
+                return self
+            except SpecError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0])
 
 
 class EnginePatch(BaseModel):
@@ -196,9 +203,10 @@ class Session:
     trace_path: str | None = None
 
 
-def lossy_settings(config: dict[str, Any]) -> list[str]:
-    """The config's lossy settings as ``knob=value`` (canonical values)."""
-    return sorted(f"{k}={KNOBS[k].canonical(v)}" for k, v in config.items() if KNOBS[k].meaning(v).lossy)
+def lossy_settings(config: dict[str, Any], engine: str = "sglang") -> list[str]:
+    """The config's lossy settings as ``knob=value`` (canonical values, the engine's knob table)."""
+    table = knobs_for(engine)
+    return sorted(f"{k}={table[k].canonical(v)}" for k, v in config.items() if table[k].meaning(v).lossy)
 
 
 def new_lossy(config: dict[str, Any], baseline: dict[str, Any]) -> list[str]:

@@ -1,8 +1,9 @@
 """Owns the knob search space and the model-based search over it (Optuna's TPE sampler).
 
-The space derives from ``spec.KNOBS``: every knob with search values, categorical (Optuna handles
-booleans, strings, None and ordered numbers alike as choices), plus ``tp_size``/``dp_size`` over the
-choices the endpoint's GPUs allow. ``SearchSpace.around`` narrows it to some knobs and to numeric
+The space derives from the endpoint's engine's knob table (``spec.knobs_for``: SGLang's ``KNOBS``,
+vLLM's ``VLLM_KNOBS``): every knob with search values, categorical (Optuna handles booleans, strings,
+None and ordered numbers alike as choices), plus the parallel degrees (``tp_size``/``dp_size``,
+``tensor_parallel_size``) over the choices the endpoint's GPUs allow. ``SearchSpace.around`` narrows it to some knobs and to numeric
 values within a step factor of the baseline's resolved values (the guardrails' step limit).
 
 Why Optuna TPE: it is well kept, handles categorical and conditional spaces without encoding
@@ -20,9 +21,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autoresearch_dagster.spec import KNOBS, config_hash, server_overrides, validate_server_config
+from autoresearch_dagster.spec import KNOBS, config_hash, knobs_for, server_overrides, validate_server_config
 
 SPECULATIVE_PARAMS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+PARALLEL_KNOBS = ("tp_size", "dp_size", "tensor_parallel_size")  # their product is the GPUs a config asks for
 
 
 def _optuna():
@@ -38,16 +40,18 @@ def _numeric(x: Any) -> bool:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """knob -> the values the search may set (each tuple includes the baseline's own value)."""
+    """knob -> the values the search may set (each tuple includes the baseline's own value); ``engine``
+    names the knob table (``spec.knobs_for``)."""
     choices: dict[str, tuple]
+    engine: str = "sglang"
 
     @classmethod
-    def full(cls, gpus: int, baseline: dict[str, Any] | None = None) -> "SearchSpace":
-        """Every knob with search values, at those values; tp/dp at the choices that fit ``gpus``."""
+    def full(cls, gpus: int, baseline: dict[str, Any] | None = None, engine: str = "sglang") -> "SearchSpace":
+        """Every knob with search values, at those values; parallel degrees at the choices that fit ``gpus``."""
         base = baseline or {}
         out: dict[str, tuple] = {}
-        for name, k in KNOBS.items():
-            if name in ("tp_size", "dp_size"):
+        for name, k in knobs_for(engine).items():
+            if name in PARALLEL_KNOBS:
                 vals = tuple(v for v in (k.choices or ()) if v <= gpus)
             else:
                 vals = tuple(k.search_values)
@@ -58,7 +62,7 @@ class SearchSpace:
                 vals = (current,) + vals
             if len(vals) > 1:
                 out[name] = vals
-        return cls(out)
+        return cls(out, engine)
 
     def around(self, knobs: list[str] | None, resolved: dict[str, Any], *, max_step: float) -> "SearchSpace":
         """Only ``knobs`` (all when None), numeric values within ``max_step`` x of the resolved value."""
@@ -74,7 +78,7 @@ class SearchSpace:
                 keep.append(v)
             if len(keep) > 1:
                 out[name] = tuple(keep)
-        return SearchSpace(out)
+        return SearchSpace(out, self.engine)
 
     @property
     def size(self) -> int:
@@ -87,14 +91,15 @@ class SearchSpace:
     def config(self, params: dict[str, Any], base: dict[str, Any],
                resolved: dict[str, Any] | None = None) -> dict[str, Any]:
         """The server config these search parameters give on top of ``base`` (see ``normalize``)."""
-        return normalize({**base, **params}, base, resolved)
+        return normalize({**base, **params}, base, resolved, self.engine)
 
     def params_of(self, config: dict[str, Any]) -> dict[str, Any] | None:
         """The search parameters of a config when every searched knob's value is a choice, else None."""
         out = {}
+        table = knobs_for(self.engine)
         for name, vals in self.choices.items():
-            v = config.get(name, KNOBS[name].default)
-            match = [c for c in vals if KNOBS[name].canonical(c) == KNOBS[name].canonical(v)]
+            v = config.get(name, table[name].default)
+            match = [c for c in vals if table[name].canonical(c) == table[name].canonical(v)]
             if not match:
                 return None
             out[name] = match[0]
@@ -105,11 +110,13 @@ class SearchSpace:
         return self.config({k: rng.choice(v) for k, v in self.choices.items()}, base, resolved)
 
 
-def normalize(config: dict[str, Any], base: dict[str, Any], resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+def normalize(config: dict[str, Any], base: dict[str, Any], resolved: dict[str, Any] | None = None,
+              engine: str = "sglang") -> dict[str, Any]:
     """A config in its shortest form: unset values dropped, speculative parameters only with a
     speculative algorithm, and a knob the baseline leaves unset dropped when the config sets it to the
     value the server resolves anyway (so one configuration has one hash)."""
     resolved = resolved or {}
+    table = knobs_for(engine)
     cfg = dict(config)
     if cfg.get("speculative_algorithm") is None:
         for k in SPECULATIVE_PARAMS:
@@ -119,15 +126,18 @@ def normalize(config: dict[str, Any], base: dict[str, Any], resolved: dict[str, 
         if v is None:
             continue
         if k not in base:
-            default = resolved.get(k, KNOBS[k].default)
-            if KNOBS[k].canonical(v) == KNOBS[k].canonical(default):
+            default = resolved.get(k, table[k].default)
+            if table[k].canonical(v) == table[k].canonical(default):
                 continue
         out[k] = v
-    return validate_server_config(out)
+    return validate_server_config(out, engine)
 
 
-def static_problem(config: dict[str, Any], gpus: int) -> str | None:
+def static_problem(config: dict[str, Any], gpus: int, engine: str = "sglang") -> str | None:
     """Why a config cannot run at all, knowable without an engine (None: it may run)."""
+    if knobs_for(engine) is not KNOBS:
+        tp = config.get("tensor_parallel_size", 1)
+        return f"tensor_parallel_size = {tp} exceeds {gpus} GPU(s)" if tp > gpus else None
     tp, dp = config.get("tp_size", 1), config.get("dp_size", 1)
     if tp * dp > gpus:
         return f"tp_size x dp_size = {tp * dp} exceeds {gpus} GPU(s)"

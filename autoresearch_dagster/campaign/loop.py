@@ -225,7 +225,7 @@ class CampaignRunner:
         return Predictor(self.surrogate(), self.corrector())
 
     def guardrails(self) -> Guardrails:
-        return Guardrails(gpus=self.endpoint.gpus)
+        return Guardrails(gpus=self.endpoint.gpus, engine=self.endpoint.engine)
 
     def proposers(self) -> list[Any]:
         if self._proposers is not None:
@@ -284,7 +284,7 @@ class CampaignRunner:
         era.noise = {"noise_id": noise.noise_id, "median": noise.floor.median, "ci_low": noise.floor.ci_low,
                      "ci_high": noise.floor.ci_high, "cv": noise.capacity_cv, "capacities": noise.capacities,
                      "margin": margin, "gpu_seconds": gpu_s, "engine_version": noise.engine_version,
-                     "resolved": resolved_config(median_run.server_info), "limiting": str(failing[0]) if failing else "",
+                     "resolved": resolved_config(median_run.server_info, self.endpoint.engine), "limiting": str(failing[0]) if failing else "",
                      "median_run_id": median_run.run_id, "runs": len(noise.capacities)}
         write_json(self._era_dir() / "noise.json", json_safe(noise.to_dict()))
         self.say(f"  capacity {noise.floor.median:.2f} req/s (95% CI {noise.floor.ci_low:.2f}-{noise.floor.ci_high:.2f}), "
@@ -864,4 +864,3 @@ class CampaignRunner:
         report = build_report(self)
         self.save()
         return report
-
