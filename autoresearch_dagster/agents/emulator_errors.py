@@ -20,15 +20,16 @@ from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
 
-from autoresearch_dagster.spec import KNOBS
+from autoresearch_dagster.agents.orchestrator import control_groups
 
 DEFAULT_WINDOW = 3
 DEFAULT_THRESHOLD = 0.10  # median |ln(measured / emulated)|: about 10% off
 
 
 def families(knobs: list[str] | dict[str, Any]) -> list[str]:
-    """The knob families (KNOBS directions) a change touches, sorted; 'other' for a knob KNOBS lacks."""
-    return sorted({KNOBS[k].direction if k in KNOBS else "other" for k in knobs})
+    """The knob families a change touches, sorted: the groups a promoted change is ablated in (KNOBS directions,
+    'other' for a knob KNOBS lacks)."""
+    return sorted(control_groups(dict.fromkeys(knobs)))
 
 
 def error_row(*, experiment_id: str, proposal_id: str, campaign_id: str, round_no: int, era: int,

@@ -131,11 +131,10 @@ class Surrogate:
     def fit(self, config: dict[str, Any], points: list[Any], *, max_evals: int = 10) -> dict[str, Any]:
         """Fit the memory-bandwidth and GEMM/MoE efficiency to ``points`` (CurvePoints, each may name its own
         config); keeps the fit only if it lowers the error."""
-        from autoresearch_dagster.emulator.calibrate import calibrate
-        from autoresearch_dagster.emulator.catalog import model_card
+        from autoresearch_dagster.emulator.calibrate import calibrate, default_params
 
-        params = ("mbu", "moe_mfu" if model_card(self.endpoint.model).is_moe else "gemm_mfu")
-        res = calibrate(self.endpoint, config, self.pool, points, params=params, start=self.efficiency,
+        res = calibrate(self.endpoint, config, self.pool, points, params=default_params(self.endpoint.model),
+                        start=self.efficiency,
                         metrics=(("ttft_ms", "p50"), ("tpot_ms", "p50"), ("itl_ms", "p50")), max_evals=max_evals,
                         request_timeout_s=self.capacity.request_timeout_s)
         before, after = float(np.mean(list(res.initial_error.values()))), float(np.mean(list(res.error.values())))

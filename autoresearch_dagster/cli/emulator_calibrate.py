@@ -75,11 +75,10 @@ def _pool(args: argparse.Namespace, endpoint: Any, summary_pool: str | None) -> 
 
 
 def _params(args: argparse.Namespace, endpoint: Any) -> tuple[str, ...]:
-    from autoresearch_dagster.emulator.calibrate import fittable
-    from autoresearch_dagster.emulator.catalog import model_card
+    from autoresearch_dagster.emulator.calibrate import default_params, fittable
 
     if not args.params:
-        return ("mbu", "moe_mfu" if model_card(endpoint.model).is_moe else "gemm_mfu")
+        return default_params(endpoint.model)
     params = tuple(p.strip() for p in args.params.split(",") if p.strip())
     unknown = [p for p in params if p not in fittable()]
     if not params or unknown:

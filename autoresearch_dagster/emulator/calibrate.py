@@ -50,6 +50,14 @@ def fittable() -> dict[str, tuple[float, float]]:
     return out
 
 
+def default_params(model: str) -> tuple[str, ...]:
+    """What a load curve pins: memory-bound decode (``mbu``) and compute-bound prefill (``gemm_mfu``, or
+    ``moe_mfu`` for an MoE model)."""
+    from autoresearch_dagster.emulator.catalog import model_card
+
+    return ("mbu", "moe_mfu" if model_card(model).is_moe else "gemm_mfu")
+
+
 @dataclass
 class CurvePoint:
     """One measured load step: the arrival rate and latency percentiles in ms ({"ttft_ms": {"p50": ...}, ...})."""
