@@ -29,6 +29,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from autoresearch_dagster.emulator.catalog import gpu, model_card
+from autoresearch_dagster.emulator.calibrations import calibrated_efficiency
 from autoresearch_dagster.emulator.cost import endpoint_efficiency
 from autoresearch_dagster.emulator.core import EngineCore, emulator_version
 from autoresearch_dagster.emulator.openai_protocol import (
@@ -91,7 +92,8 @@ class EmulatorServer:
         card = model_card(endpoint.model)
         self.core = core if core is not None else EngineCore(card, gpu(endpoint.hardware.gpu), endpoint.gpus,
                                                              self.config, seed=seed, noise=noise,
-                                                             efficiency=endpoint_efficiency(endpoint.engine_options))
+                                                             efficiency=calibrated_efficiency(endpoint)
+                                                             or endpoint_efficiency(endpoint.engine_options))
         resolved = self.core.resolved_config()
         self.max_total_num_tokens = int(self._core_info()["max_total_num_tokens"])
         self.context_len = card.context_len

@@ -127,3 +127,14 @@ def test_calibrate_user_errors_are_one_line_and_exit_2(tmp_path, capsys, setup, 
                *args])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1
+
+
+def test_emulator_serve_runs_on_the_calibration_the_spec_names(measured, tmp_path):
+    from autoresearch_dagster.emulator.server import EmulatorServer
+
+    tmp, spec = measured
+    lake = tmp / "lake3"
+    assert main(["emulator", "calibrate", "--endpoint", str(spec), "--measured", str(tmp / "cap"), "--lake",
+                 str(lake), "--max-evals", "2"]) == 0
+    ep = load_endpoint(_spec(tmp_path, "served", calibration="latest", calibration_lake=str(lake)))
+    assert EmulatorServer(ep, None).core.cost.eff == calibrations.latest(lake, "small").to_efficiency()
