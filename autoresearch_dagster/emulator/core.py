@@ -23,7 +23,11 @@ Modelled after SGLang 0.5.23's scheduler (``managers/scheduler.py``, ``schedule_
   granularity); cached tokens skip prefill compute;
 - EAGLE-like speculative decoding: each verify step scores ``num_draft_tokens`` per request and
   accepts 1 + a truncated-geometric number of draft tokens;
-- ``dp_size`` replicas behind a round-robin router, each its own scheduler and KV pool.
+- ``dp_size`` replicas behind a round-robin router, each its own scheduler and KV pool;
+- a request reaches the scheduler ``Efficiency.request_in_s`` after it is added (HTTP, tokenization, ZMQ) and
+  every token reaches the client ``request_out_s`` after its step (detokenizer, streaming): ``first_s``,
+  ``finish_s`` and ``token_times`` are client-visible times; step timing (overlap scheduler, CUDA-graph
+  padding, eager launches) is ``cost.CostModel``'s.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ from typing import Callable
 import numpy as np
 
 from autoresearch_dagster.emulator.catalog import GPUSpec, ModelCard
-from autoresearch_dagster.emulator.cost import CostModel, Efficiency, StepCost
+from autoresearch_dagster.emulator.cost import CostModel, Efficiency, StepCost, cuda_graph_batch_sizes
 from autoresearch_dagster.emulator.noise import NoiseSettings, NoiseSource
 from autoresearch_dagster.emulator.resolve import Resolved, resolve_config
 from autoresearch_dagster.spec import KNOBS
@@ -114,7 +118,7 @@ class _Req:
     speculative decoding), plus single tokens produced by re-prefills after a retraction."""
     __slots__ = ("rid", "prompt", "out", "hashes", "bt", "arrival", "gen", "done", "total", "cached",
                  "n_locked", "first_s", "finish_s", "pieces", "seg_start", "status", "error", "replica",
-                 "cached_reported", "retractions", "spec")
+                 "cached_reported", "retractions", "spec", "ready")
 
     def __init__(self, r: EmuRequest, replica: int):
         self.rid, self.prompt, self.out = r.rid, int(r.prompt_tokens), max(1, int(r.output_tokens))
@@ -134,6 +138,7 @@ class _Req:
         self.replica = replica
         self.retractions = 0
         self.spec: list[int] = []  # tokens per decode step under speculative decoding (1 in a mixed step)
+        self.ready = r.arrival_s  # when the scheduler can see it (arrival + the frontend's fixed latency)
 
 
 class RadixCache:
@@ -214,7 +219,7 @@ class _Replica:
         self.mixed = bool(k["enable_mixed_chunk"]) and self.cps is not None
         self.cache = None if k["disable_radix_cache"] else RadixCache()
         self.lpm = k["schedule_policy"] == "lpm" and self.cache is not None
-        self.graph_bs = k["cuda_graph_max_bs_decode"]
+        self.graph_bs = core.cost.graph_bs
         self.spec_steps = k["speculative_num_steps"] or 0
         self.spec_topk = k["speculative_eagle_topk"] or 1
         self.spec_width = k["speculative_num_draft_tokens"] or 1
@@ -242,6 +247,7 @@ class _Replica:
         self.private = 0  # KV tokens held by running/chunked requests outside the cache
         self.reserve_remaining = 0  # sum of min(out - gen, CLIP) over the running batch
         self.busy_until = 0.0
+        self.t_now = 0.0  # start of the step being built
         self.interval_remaining = 0
         self.sched_cpu_s = 0.0  # extra scheduler CPU accrued for the next step (lpm prefix matching)
         self.dec_times: list[float] = []
@@ -332,6 +338,10 @@ class _Replica:
         admitted: list[_Req] = []
         for r in order:
             if slots <= 0 or rem_chunk <= 0:
+                break
+            if r.ready > self.t_now:  # still in the frontend (FCFS: so is every later arrival)
+                if lpm_active:
+                    continue
                 break
             nb, cached = self._match(r)
             if lpm_active and nb < len(r.hashes) and r.hashes[nb] in in_batch:
@@ -427,7 +437,7 @@ class _Replica:
         return left
 
     def _finish(self, r: _Req, t: float) -> None:
-        r.finish_s = t
+        r.finish_s = t + self.core.request_out_s
         r.status = "ok"
         self.core._finished.append(r)
 
@@ -444,9 +454,9 @@ class _Replica:
         r.gen += 1
         r.total = r.prompt + r.gen
         if r.first_s is None:
-            r.first_s = t
+            r.first_s = t + self.core.request_out_s
         else:
-            r.pieces.append(("tok", t))
+            r.pieces.append(("tok", t + self.core.request_out_s))
         self.c["generation_tokens_total"] += 1
         if r.gen >= r.out:
             self.private -= held
@@ -488,6 +498,7 @@ class _Replica:
         if not self.has_work:
             return None
         start = max(now, self.busy_until)
+        self.t_now = start
         model = self.core.model
         W = model.sliding_window
         segs = None
@@ -594,6 +605,10 @@ class _Replica:
                 fin = set(id(r) for r in finished_now)
                 counts = acc.tolist() if acc is not None else [1] * len(batch_reqs)
                 joined_events = [(r, c, id(r) in fin) for r, c in zip(batch_reqs, counts)]
+        elif self.chunked is None and (ready := min(r.ready for r in self.waiting)) > start:
+            # nothing runs and nothing waiting has reached the scheduler yet
+            self.busy_until = ready
+            return start, ready - start, "idle", StepCost(), None
         elif self.chunked is None and self.waiting:
             # nothing runs and the head of the queue cannot fit in the KV pool even when empty
             r = self.waiting.popleft()
@@ -699,10 +714,16 @@ class EngineCore:
         self.noise_settings = noise if noise is not None else NoiseSettings()
         self.efficiency = efficiency or Efficiency()
         self.seed = seed
+        spec = self.knobs["speculative_algorithm"] is not None
+        graphs = () if self.knobs["disable_cuda_graph"] else cuda_graph_batch_sizes(
+            self.knobs["cuda_graph_max_bs_decode"], speculative=spec)
         self.cost = CostModel(model, hw, tp=self.knobs["tp_size"], fp8_weights=self.resolved.fp8_weights,
                               kv_bytes=self.resolved.kv_bytes, eff=self.efficiency,
                               cuda_graph_max_bs=self.knobs["cuda_graph_max_bs_decode"],
-                              stream_interval=self.knobs["stream_interval"])
+                              stream_interval=self.knobs["stream_interval"], cuda_graph_bs=graphs,
+                              overlap=not self.knobs["disable_overlap_schedule"])
+        self.request_in_s = self.efficiency.request_in_s
+        self.request_out_s = self.efficiency.request_out_s
         ss = np.random.SeedSequence(seed)
         self.replicas = [_Replica(i, self, int(s.generate_state(1)[0])) for i, s in enumerate(ss.spawn(self.knobs["dp_size"]))]
         self._rr = 0
@@ -717,10 +738,11 @@ class EngineCore:
         self._rr = (self._rr + 1) % len(self.replicas)
         r = _Req(req, rep.idx)
         r.status = "waiting"
+        r.ready = now + self.request_in_s  # HTTP, chat template, tokenization, ZMQ to the scheduler
         self._by_rid[r.rid] = r
         rep.c["num_requests_total"] += 1
         if not rep.has_work:
-            rep.busy_until = max(rep.busy_until, now)
+            rep.busy_until = max(rep.busy_until, r.ready)
         rep.waiting.append(r)
 
     def abort(self, rid: str) -> None:
@@ -874,6 +896,7 @@ class EngineCore:
     def token_times(self, r: _Req) -> tuple[np.ndarray, np.ndarray]:
         """(times, token counts) of every output event of a finished request, first token included."""
         dec = self.replicas[r.replica].dec_times
+        out = self.request_out_s  # decode steps are logged at engine time; the client sees them this much later
         times: list[float] = []
         if r.first_s is not None:
             times.append(r.first_s)
@@ -881,7 +904,7 @@ class EngineCore:
             if p[0] == "tok":
                 times.append(p[1])
             else:
-                times.extend(dec[p[1]:p[2]])
+                times.extend([x + out for x in dec[p[1]:p[2]]] if out else dec[p[1]:p[2]])
         t = np.asarray(times, dtype=np.float64)
         if not r.spec:
             return t, np.ones(len(t), dtype=np.int64)

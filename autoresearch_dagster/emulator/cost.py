@@ -4,10 +4,36 @@ KV-cache capacity, and the SGLang-like resolution of memory-dependent defaults.
 Each forward pass is split into the kernel classes a profile shows — dense GEMMs (QKV/O
 projections, dense MLP, lm_head), MoE expert GEMMs, attention, TP all-reduce, sampling — and each
 class costs ``max(FLOPs / (peak x MFU), bytes / (HBM bandwidth x MBU))``: the roofline, with
-documented efficiency factors (``Efficiency``). Per step there is CPU overhead (scheduling, batch
-preparation, output processing) and, when a decode batch is larger than the largest captured CUDA
-graph, kernel-launch overhead for every layer (eager mode). fp8 weights halve weight bytes and use
-fp8 tensor-core peak; an fp8 KV cache halves KV bytes read and doubles the tokens that fit.
+efficiency factors (``Efficiency``) fitted on published real-GPU measurements
+(``emulator.validation``, ``benchmarks/bench_emulator_fidelity.py``). The mechanisms beyond the roofline,
+each after what SGLang does:
+
+- **Overlap scheduler** (SGLang's default, ``managers/scheduler.py`` ``event_loop_overlap``: the CPU
+  schedules batch n+1 and processes batch n-1's outputs while the GPU runs batch n; LMSYS SGLang v0.4
+  blog "zero-overhead batch scheduler"): a step lasts ``max(GPU, CPU)``; with
+  ``disable_overlap_schedule`` (and under speculative decoding, which SGLang's ServerArgs runs without
+  the overlap scheduler unless spec v2 is enabled) the CPU work adds serially.
+- **CUDA graphs** (``model_executor/cuda_graph_runner.py``, captured sizes from ServerArgs
+  ``_generate_cuda_graph_batch_sizes``: 1, 2, 4, 8, 12, 16..256 step 8, 272..496 step 16, 512.. step 32,
+  up to ``cuda_graph_max_bs``): a decode batch replays the graph of the smallest captured size that holds it,
+  so its GEMMs, MoE and sampling run at the padded size; a larger batch, any prefill or mixed step, and
+  every step under ``disable_cuda_graph`` run eagerly, their kernels issued one by one from Python
+  (``eager_layer_s`` per layer), which the GPU overlaps with execution (``max(GPU, launch)``).
+- **Per-request decode cost**: attention kernels do per-sequence work (split-KV scheduling, page-table
+  reads, a tile per sequence and KV head) beside the KV bytes they read: ``decode_req_layer_s`` per decoding
+  request per attention layer, why decode steps grow with the running batch faster than KV bytes alone.
+- **fp8**: fp8 weights halve weight bytes; on GPUs with fp8 tensor cores the GEMMs run at the fp8 peak times
+  ``fp8_mfu`` (block-quantized fp8 GEMMs with per-token-group activation scales stay far below the dense fp8
+  peak) and each layer pays ``fp8_layer_s`` for activation-quantization kernels; without fp8 tensor cores
+  (A100) they run as weight-only w8a16 at the bf16 peak times ``w8a16_mfu``. An fp8 KV cache (``kv_cache_dtype=fp8_*``) halves
+  the KV bytes every attention kernel reads (decode and prefill) and doubles the tokens that fit.
+- **MLA** (DeepSeek-V2/V3, card fields from ``emulator.card``): the KV cache holds one latent of
+  ``kv_lora_rank + qk_rope_head_dim`` per token and layer, replicated on every TP rank; decode attention
+  runs absorbed over the latent (``4 x kv_lora_rank + 2 x qk_rope_head_dim`` FLOPs per head and token pair),
+  prefill as plain MHA over the decompressed heads (``2 x (qk head dim + v head dim)``).
+- **Per-request fixed latency** (HTTP, tokenization in the TokenizerManager, the ZMQ hops, detokenization and
+  streaming): ``request_in_s`` before the scheduler sees a request, ``request_out_s`` from a token's step to
+  the client; they add to TTFT and E2E, not to inter-token gaps.
 
 The MoE weight traffic grows with the batch: T tokens each picking k of E experts touch an
 expected fraction ``1 - (1 - k/E)^T`` of the experts, so decode of a small batch reads few expert
@@ -16,6 +42,7 @@ weights and a large batch reads nearly all of them (why MoE decode is costlier p
 """
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,37 +53,55 @@ from autoresearch_dagster.spec import SpecError
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achieved fractions of peak, and CPU costs. Defaults and their sources:
+    """Achieved fractions of peak, and CPU and fixed costs. Priors and their sources (the defaults of the
+    factors marked FITTED below are the values fitted on the validation table's fit half):
 
-    - ``gemm_mfu`` 0.70: large bf16 GEMMs on Hopper reach 65-75% of dense peak (cuBLAS/cuBLASLt
-      benchmarks; NVIDIA's MLPerf inference submissions imply similar).
-    - ``moe_mfu`` 0.45: fused/grouped MoE GEMMs (SGLang's triton ``fused_moe_kernel``) are less
-      efficient than dense GEMMs (small per-expert M, routing gather/scatter).
-    - ``attn_mfu`` 0.55: FlashAttention-3 forward reaches 50-75% of bf16 peak on H100 (Shah et al.
-      2024, FA3 paper: 740 TFLOP/s of 989 at head dim 128, lower with causal masks and short sequences).
-    - ``mbu`` 0.80, ``kv_mbu`` 0.65: memory-bound decode GEMMs stream weights at ~80% of HBM
-      bandwidth; paged KV reads are less regular (Databricks/MosaicML "LLM inference performance
-      engineering" MBU figures of 60-80%).
-    - ``comm_eff`` 0.70: NCCL/custom all-reduce bus bandwidth relative to NVLink peak.
-    - ``step_overhead_s`` 0.9 ms: scheduler iteration + sampling + CUDA-graph replay per step with
-      SGLang's overlap scheduler (SGLang's own reports of single-digit-% CPU overhead at ~10-30 ms steps).
-    - ``per_req_overhead_s`` 6 us: per running request per step (batch tensors, output processing),
-      divided by ``stream_interval`` for the streaming part.
-    - ``eager_layer_s`` 120 us: Python + kernel launches of one transformer layer outside a CUDA
-      graph (~10-15 kernels x 5-10 us on a busy Python thread; x1.5 for MoE layers). SGLang's
-      motivation for CUDA graphs: eager decode of small models is launch-bound.
-    - ``kernel_floor_s`` 6 us per layer: the minimum time of a layer's kernels at tiny batches.
+    - ``gemm_mfu``: large bf16 GEMMs on Hopper reach 65-75% of dense peak (cuBLAS/cuBLASLt benchmarks).
+    - ``fp8_mfu`` 0.45 (a prior, not the fit's 0.223): fraction of the fp8 dense peak block-quantized fp8 GEMMs
+      reach (per-token-group activation scales, triton/CUTLASS block kernels), ~1.2x the bf16 GEMM rate as the
+      sources' fp8-vs-bf16 pairs of prefill-heavy runs show. Every compute-bound H100 run of the fit half is fp8,
+      so the fit's value also absorbs the H100's own (lower than A100's) bf16 GEMM efficiency, which no fit-half
+      run shows; adopted, it made fp8 prefill slower than bf16 on Hopper, against every such pair.
+    - ``w8a16_mfu``: fraction of the bf16 peak weight-only fp8 GEMMs reach on GPUs without fp8 tensor cores
+      (A100: vLLM's Marlin kernels dequantize in the GEMM; SGLang has no fp8 path there).
+    - ``moe_mfu``: fused/grouped MoE GEMMs (SGLang's triton ``fused_moe_kernel``) are less efficient than
+      dense GEMMs (small per-expert M, routing gather/scatter).
+    - ``attn_mfu``: FlashAttention-3 forward reaches 50-75% of bf16 peak on H100 (Shah et al. 2024: 740
+      TFLOP/s of 989 at head dim 128, lower with causal masks and short sequences).
+    - ``mbu``, ``kv_mbu``: memory-bound decode GEMMs stream weights at 60-80% of HBM bandwidth, paged KV
+      reads less regularly (Databricks/MosaicML "LLM inference performance engineering" MBU figures).
+    - ``comm_eff``: NCCL/custom all-reduce bus bandwidth relative to NVLink peak.
+    - ``step_overhead_s``: scheduler iteration + batch preparation + output processing per step (CPU).
+    - ``per_req_overhead_s``: CPU per running request per step (batch tensors, output processing),
+      the streaming part divided by ``stream_interval``.
+    - ``eager_layer_s``: Python + kernel launches of one transformer layer outside a CUDA graph (~10-15
+      kernels x 5-10 us; x1.5 for MoE layers).
+    - ``kernel_floor_s``: the minimum time of a layer's kernels at tiny batches.
+    - ``decode_req_layer_s``: GPU time per decoding request per attention layer beside its KV bytes.
+    - ``fp8_layer_s``: activation-quantization kernels per layer under fp8 weights (fp8-capable GPUs).
+    - ``request_in_s`` / ``request_out_s``: fixed latency of a request before the scheduler sees it (HTTP,
+      chat template, tokenization, ZMQ) and of a token from its step to the client (detokenizer, ZMQ,
+      HTTP streaming).
     """
-    gemm_mfu: float = 0.70
-    moe_mfu: float = 0.45
+    # FITTED: gemm_mfu, w8a16_mfu, moe_mfu, mbu, decode_req_layer_s, fp8_layer_s and request_in_s are
+    # fitted on the fit half of benchmarks/data/emulator_validation.json (bench_emulator_fidelity.py --fit;
+    # the report half never saw a fit); the others are the priors above.
+    gemm_mfu: float = 0.756
+    moe_mfu: float = 0.378
     attn_mfu: float = 0.55
-    mbu: float = 0.80
+    mbu: float = 0.672
     kv_mbu: float = 0.65
     comm_eff: float = 0.70
     step_overhead_s: float = 0.0009
     per_req_overhead_s: float = 6e-6
     eager_layer_s: float = 120e-6
     kernel_floor_s: float = 6e-6
+    fp8_mfu: float = 0.45
+    w8a16_mfu: float = 0.273
+    decode_req_layer_s: float = 0.76e-6
+    fp8_layer_s: float = 47e-6
+    request_in_s: float = 0.0031
+    request_out_s: float = 0.008
 
     def replace(self, **kw) -> "Efficiency":
         return Efficiency(**{**asdict(self), **kw})
@@ -91,14 +136,16 @@ def endpoint_efficiency(engine_options: dict[str, Any] | None) -> Efficiency | N
 
 class StepCost:
     """Seconds per kernel class for one forward pass (one replica, all TP ranks in lockstep)."""
-    __slots__ = ("gemm_s", "moe_s", "attn_s", "comm_s", "sample_s", "draft_s", "launch_s", "cpu_s")
+    __slots__ = ("gemm_s", "moe_s", "attn_s", "comm_s", "sample_s", "draft_s", "launch_s", "cpu_s", "overlap")
 
     def __init__(self, gemm_s: float = 0.0, moe_s: float = 0.0, attn_s: float = 0.0, comm_s: float = 0.0,
-                 sample_s: float = 0.0, draft_s: float = 0.0, launch_s: float = 0.0, cpu_s: float = 0.0):
+                 sample_s: float = 0.0, draft_s: float = 0.0, launch_s: float = 0.0, cpu_s: float = 0.0,
+                 overlap: bool = False):
         self.gemm_s, self.moe_s, self.attn_s, self.comm_s = gemm_s, moe_s, attn_s, comm_s
         self.sample_s, self.draft_s = sample_s, draft_s
-        self.launch_s = launch_s  # eager-mode launch overhead (decode batch above the CUDA-graph max bs)
+        self.launch_s = launch_s  # eager-mode kernel launches (no CUDA graph for this step)
         self.cpu_s = cpu_s  # scheduler / batch preparation / output processing
+        self.overlap = overlap  # the overlap scheduler hides CPU work behind the GPU
 
     @property
     def gpu_s(self) -> float:
@@ -106,38 +153,66 @@ class StepCost:
 
     @property
     def total_s(self) -> float:
-        return self.gpu_s + self.launch_s + self.cpu_s
+        """Wall time of the step: kernels run while Python issues them (eager launches overlap execution);
+        the overlap scheduler also hides scheduling and output processing, else they add serially."""
+        if self.overlap:
+            return max(self.gpu_s, self.launch_s + self.cpu_s)
+        return max(self.gpu_s, self.launch_s) + self.cpu_s
 
     def as_dict(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {k: getattr(self, k) for k in self.__slots__ if k != "overlap"}
+
+
+def cuda_graph_batch_sizes(max_bs: int, *, speculative: bool = False) -> tuple[int, ...]:
+    """The decode batch sizes SGLang captures as CUDA graphs (ServerArgs ``_generate_cuda_graph_batch_sizes``,
+    padding on), up to ``max_bs``; ``max_bs`` itself is captured too (``cuda_graph_runner`` adds the largest
+    batch a small pool allows)."""
+    if speculative:
+        sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8), *range(272, max_bs + 1, 16)]
+    else:
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    return tuple(sorted({b for b in sizes if b <= max_bs} | ({max_bs} if max_bs >= 1 else set())))
 
 
 class CostModel:
-    """Prices one batch shape. Built once per deployment; ``step`` is called every iteration."""
+    """Prices one batch shape. Built once per deployment; ``step`` is called every iteration.
+
+    ``cuda_graph_bs``: the captured decode batch sizes (default: SGLang's list up to ``cuda_graph_max_bs``;
+    empty = ``disable_cuda_graph``). ``overlap``: the overlap scheduler is on."""
 
     def __init__(self, model: ModelCard, hw: GPUSpec, *, tp: int, fp8_weights: bool, kv_bytes: float,
-                 eff: Efficiency | None = None, cuda_graph_max_bs: int = 256, stream_interval: int = 1):
+                 eff: Efficiency | None = None, cuda_graph_max_bs: int = 256, stream_interval: int = 1,
+                 cuda_graph_bs: tuple[int, ...] | None = None, overlap: bool = True):
         self.m, self.hw, self.tp = model, hw, tp
         self.eff = eff or Efficiency()
         self.fp8 = fp8_weights
         self.wbytes = model.param_bytes(fp8_weights)
-        self.gemm_peak = hw.fp8_flops if (fp8_weights and hw.has_fp8) else hw.bf16_flops
+        fp8_gemm = fp8_weights and hw.has_fp8  # w8a8 on fp8 tensor cores; else weight-only (w8a16) at bf16 rate
+        self.gemm_peak = hw.fp8_flops if fp8_gemm else hw.bf16_flops
         self.kv_bytes = kv_bytes
-        self.graph_bs = cuda_graph_max_bs
+        self.graph_sizes = cuda_graph_batch_sizes(cuda_graph_max_bs) if cuda_graph_bs is None else tuple(sorted(cuda_graph_bs))
+        self.graph_bs = self.graph_sizes[-1] if self.graph_sizes else 0
+        self.overlap = overlap
         self.stream_interval = stream_interval
         m = model
         self._dense_params = (m.layers * m.attn_params_per_layer + m.dense_mlp_params) / tp
         self._lm_params = m.vocab * m.hidden / tp
         self._expert_params = m.expert_params / tp
         self._kv_per_layer_token = m.kv_bytes_per_token(kv_bytes, tp) / m.layers
-        self._attn_flop_per = 4.0 * m.heads * m.head_dim / tp  # QK^T and PV, 2 FLOPs per MAC
+        heads = m.heads / tp  # query heads are split over TP ranks (MLA too; its latent KV is not)
+        if m.is_mla:  # absorbed decode over the latent; prefill as MHA over decompressed heads
+            self._attn_flop_decode = heads * (4.0 * m.kv_lora_rank + 2.0 * m.qk_rope_head_dim)
+            self._attn_flop_prefill = heads * 2.0 * (m.head_dim + m.v_head_dim)
+        else:  # QK^T and PV, 2 FLOPs per MAC
+            self._attn_flop_decode = self._attn_flop_prefill = 4.0 * heads * m.head_dim
         self._n_global = m.n_global_layers
         self._n_sliding = m.layers - self._n_global
         self._ar_bytes_per_token = m.hidden * 2.0
 
         e, hw = self.eff, hw
-        self._gemm_rate = self.gemm_peak * e.gemm_mfu
-        self._moe_rate = self.gemm_peak * e.moe_mfu
+        mfu = e.fp8_mfu if fp8_gemm else e.w8a16_mfu if fp8_weights else e.gemm_mfu
+        self._gemm_rate = self.gemm_peak * mfu
+        self._moe_rate = self.gemm_peak * mfu * (e.moe_mfu / e.gemm_mfu)  # grouped GEMMs' relative loss kept
         self._attn_rate = hw.bf16_flops * e.attn_mfu
         self._w_bw = hw.hbm_bw * e.mbu
         self._kv_bw = hw.hbm_bw * e.kv_mbu
@@ -145,16 +220,23 @@ class CostModel:
         self._moe_bytes_all = m.n_moe_layers * m.experts * self._expert_params * m.expert_param_bytes(fp8_weights)
         self._moe_flop_per_token = 2.0 * m.active_experts * self._expert_params * m.n_moe_layers
         self._miss = 1.0 - m.active_experts / m.experts if m.is_moe else 1.0
-        self._floor = m.layers * e.kernel_floor_s
+        self._floor = m.layers * (e.kernel_floor_s + (e.fp8_layer_s if fp8_gemm else 0.0))
         self._sample_per_logit = m.vocab * 4.0 / self._w_bw / tp
         self._launch = m.layers * e.eager_layer_s * (1.5 if m.is_moe else 1.0)  # MoE layers launch more kernels
         self._req_cpu = e.per_req_overhead_s * (0.5 + 0.5 / stream_interval)
+        self._req_attn = m.layers * e.decode_req_layer_s
 
     def moe_coverage(self, tokens: float) -> float:
         """Expected fraction of experts touched when ``tokens`` tokens each pick top-k of E."""
         if not self.m.is_moe or tokens <= 0:
             return 0.0
         return 1.0 - self._miss ** tokens
+
+    def graph_batch(self, decode_reqs: int) -> int | None:
+        """The captured batch size a decode batch of ``decode_reqs`` replays (None: it runs eagerly)."""
+        if decode_reqs > self.graph_bs:
+            return None
+        return self.graph_sizes[bisect.bisect_left(self.graph_sizes, decode_reqs)]
 
     def step(self, *, prefill_tokens: int = 0, prefill_seqs: int = 0, prefill_attn_work: float = 0.0,
              prefill_attn_work_swa: float = 0.0, prefill_ctx_read: float = 0.0, prefill_ctx_read_swa: float = 0.0,
@@ -170,8 +252,12 @@ class CostModel:
         m, e = self.m, self.eff
         dec_tokens = decode_reqs * decode_width
         tokens = prefill_tokens + dec_tokens
+        overlap = self.overlap and not draft_steps
         if tokens <= 0:
-            return StepCost(cpu_s=e.step_overhead_s)
+            return StepCost(cpu_s=e.step_overhead_s, overlap=overlap)
+        graph = self.graph_batch(decode_reqs) if prefill_tokens == 0 else None
+        if graph is not None:  # the replayed graph computes the padded batch
+            tokens = dec_tokens = graph * decode_width
         logits = prefill_seqs + dec_tokens
         gemm_s = max((2.0 * tokens * self._dense_params + 2.0 * logits * self._lm_params) / self._gemm_rate,
                      self._dense_bytes / self._w_bw) + self._floor
@@ -179,11 +265,12 @@ class CostModel:
         if m.experts:
             moe_s = max(tokens * self._moe_flop_per_token / self._moe_rate,
                         self._moe_bytes_all * (1.0 - self._miss ** tokens) / self._w_bw)
-        pairs = (self._n_global * (prefill_attn_work + decode_width * decode_ctx)
-                 + self._n_sliding * (prefill_attn_work_swa + decode_width * decode_ctx_swa))
+        flops = (self._attn_flop_prefill * (self._n_global * prefill_attn_work + self._n_sliding * prefill_attn_work_swa)
+                 + self._attn_flop_decode * decode_width * (self._n_global * decode_ctx + self._n_sliding * decode_ctx_swa))
         kv_read = (self._n_global * (decode_ctx + prefill_ctx_read)
                    + self._n_sliding * (decode_ctx_swa + prefill_ctx_read_swa) + m.layers * tokens)  # + new KV writes
-        attn_s = max(self._attn_flop_per * pairs / self._attn_rate, self._kv_per_layer_token * kv_read / self._kv_bw)
+        attn_s = max(flops / self._attn_rate, self._kv_per_layer_token * kv_read / self._kv_bw)
+        attn_s += decode_reqs * self._req_attn
         comm_s = 0.0
         if self.tp > 1:
             per_ar = (self.hw.link_latency_s
@@ -196,11 +283,10 @@ class CostModel:
             one = max(2.0 * draft_tokens * (layer + self._lm_params) / self._gemm_rate,
                       (layer + self._lm_params) * self.wbytes / self._w_bw) + 8 * e.kernel_floor_s
             draft_s = draft_steps * one
-        launch_s = 0.0
-        if prefill_tokens == 0 and decode_reqs > self.graph_bs:
-            launch_s = self._launch * (1 + draft_steps * 0.1)
+        launch_s = 0.0 if graph is not None else self._launch * (1 + draft_steps * 0.1)
         cpu_s = e.step_overhead_s + (n_running if n_running > decode_reqs else decode_reqs) * self._req_cpu
-        return StepCost(gemm_s, moe_s, attn_s, comm_s, 15e-6 + logits * self._sample_per_logit, draft_s, launch_s, cpu_s)
+        return StepCost(gemm_s, moe_s, attn_s, comm_s, 15e-6 + logits * self._sample_per_logit, draft_s, launch_s, cpu_s,
+                        overlap)
 
 
 # ------------------------------------------------------------------------------------- resolution

@@ -1,4 +1,6 @@
-"""Owns the emulator's virtual-time driver: run an ``EngineCore`` over a list of timed requests.
+"""Owns the emulator's virtual-time drivers: run an ``EngineCore`` over a list of timed requests
+(``simulate``, open loop) or keep a fixed number of requests in flight (``simulate_closed_loop``, what
+``vllm bench serve --max-concurrency`` and ``sglang.bench_serving --max-concurrency`` do).
 
 No sleeping and no per-token objects: between arrivals the core runs its iterations back to back
 (``EngineCore.run_until``), engine metrics are sampled on a fixed virtual-time grid, and each
@@ -6,6 +8,7 @@ request's token times are read from the core's compact decode-step log at the en
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -166,3 +169,35 @@ def simulate(core: EngineCore, requests: list[EmuRequest], *, sample_interval_s:
         end_t = max(end_t, deadline)
     return SimResult(results, samples, t0, end_t, time.perf_counter() - wall0,
                      core.knobs["stream_interval"], profile, core.metrics())
+
+
+def simulate_closed_loop(core: EngineCore, requests: list[EmuRequest], concurrency: int) -> SimResult:
+    """Send ``requests`` in order, ``concurrency`` at a time: each finished request's client sends the next
+    one when it has seen the last token (``EmuRequest.arrival_s`` is ignored). Runs until all finish."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    wall0 = time.perf_counter()
+    todo = list(reversed(requests))
+    sends: list[tuple[float, int]] = [(0.0, i) for i in range(min(concurrency, len(todo)))]
+    seq = len(sends)
+    results: list[RequestResult] = []
+    end_t = 0.0
+    while sends or core.next_free_s() is not None:
+        nf = core.next_free_s()
+        if sends and (nf is None or sends[0][0] <= nf):
+            t, _ = heapq.heappop(sends)
+            r = todo.pop()
+            core.add_request(EmuRequest(r.rid, r.prompt_tokens, r.output_tokens, r.block_hashes, r.block_tokens, t), t)
+            continue
+        core.next_step(nf)
+        for f in core.pop_finished():
+            times, counts = core.token_times(f)
+            results.append(RequestResult(f.rid, f.arrival, f.first_s, f.finish_s, int(counts.sum()) if len(counts) else 0,
+                                         f.cached_reported, f.status, f.error, times, counts))
+            done = f.finish_s if f.finish_s is not None else nf
+            end_t = max(end_t, done)
+            if todo:
+                heapq.heappush(sends, (done, seq))
+                seq += 1
+    return SimResult(results, [], 0.0, end_t, time.perf_counter() - wall0, core.knobs["stream_interval"], None,
+                     core.metrics())

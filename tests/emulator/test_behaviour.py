@@ -127,8 +127,9 @@ def test_speculative_decoding_helps_at_low_concurrency_not_at_saturation():
     assert lo_spec.final_metrics["sglang:spec_accept_length_avg"] > 2.0
     hi_plain, hi_spec = _spec_run(plain, 256, 0.0), _spec_run(spec, 256, 0.0)
     thr = lambda res: res.generated_tokens / (res.end_s - res.start_s)  # noqa: E731
-    assert thr(hi_spec) < 1.05 * thr(hi_plain)  # no gain (or a loss) once the batch is compute-bound
-    assert thr(lo_spec) / thr(lo_plain) > thr(hi_spec) / thr(hi_plain)
+    # at 256 in flight the verify batch (256 x 8 tokens) is compute-bound: what is left of the gain is the
+    # per-request decode cost (attention per sequence, cost.py) spread over the accepted tokens
+    assert thr(hi_spec) / thr(hi_plain) < 0.75 * tpot(lo_plain) / tpot(lo_spec)
 
 
 def test_speculative_decoding_caps_running_requests_at_48_by_default():
@@ -151,12 +152,20 @@ def test_mixed_chunks_run_under_speculative_algorithms_that_support_them():
 
 # ------------------------------------------------------------------ quantization
 
-def test_fp8_weights_raise_capacity():
-    p = pool(n=600, prompt_median=1500, output_median=250, seed=4)
-    sla = "ttft_p99<=3000ms,tpot_p99<=50ms"
-    base = capacity({}, p, sla=sla).capacity_rps
-    fp8 = capacity({"quantization": "fp8"}, p, sla=sla).capacity_rps
-    assert fp8 > 1.2 * base
+def test_fp8_weights_speed_up_memory_bound_decode_more_than_prefill():
+    # published (benchmarks/data/emulator_validation.json): Qwen3-8B on an H100 at 4 in flight, SGLang,
+    # median TPOT 7.14 ms in bf16 and 5.58 ms with the fp8 checkpoint; block-fp8 GEMMs stay far below the fp8
+    # peak (cost.py fp8_mfu), so a long prefill gains much less than halved weight bytes give decode
+    def run(config, n, prompt, output):
+        res = simulate(core(config, model="qwen3-8b", gpu_name="H100"), reqs(n, prompt, output, prefix="f"))
+        tpot = np.median([(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in res.requests])
+        return tpot, max(r.ttft_s for r in res.requests)
+    bf16_tpot, _ = run({}, 4, 200, 300)
+    fp8_tpot, _ = run({"quantization": "fp8"}, 4, 200, 300)
+    assert 0.65 < fp8_tpot / bf16_tpot < 0.85
+    _, bf16_prefill = run({}, 1, 16000, 2)
+    _, fp8_prefill = run({"quantization": "fp8"}, 1, 16000, 2)
+    assert fp8_prefill / bf16_prefill > fp8_tpot / bf16_tpot
 
 
 def test_fp8_kv_doubles_tokens_and_raises_concurrency():
@@ -174,14 +183,16 @@ def test_fp8_kv_doubles_tokens_and_raises_concurrency():
 
 # ------------------------------------------------------------------ CUDA graphs, memory
 
-def test_small_cuda_graph_batch_costs_throughput():
-    work = reqs(200, 500, 400, prefix="g")
+def test_small_cuda_graph_batch_costs_throughput_where_launches_outlast_the_gpu():
+    # eager kernels run while Python issues the next ones (cost.py): a decode batch above the captured sizes
+    # pays the launches where issuing them takes longer than the GPU work, i.e. at small batches
+    work = reqs(16, 500, 400, prefix="g")
     thr = {}
-    for bs in (32, 256):
-        res = simulate(core({"cuda_graph_max_bs_decode": bs}), work)
+    for bs in (8, 256):  # a dense 8B on a B200: ~3 ms of GPU work per step against ~4 ms of launches
+        res = simulate(core({"cuda_graph_max_bs_decode": bs}, model="llama-3.1-8b", gpu_name="B200"), work)
         thr[bs] = res.generated_tokens / (res.end_s - res.start_s)
-        assert res.final_metrics["sglang:eager_passes_total"] > 0 if bs == 32 else True
-    assert thr[32] < 0.93 * thr[256]
+        assert (res.final_metrics["sglang:eager_passes_total"] > 0) == (bs == 8)
+    assert thr[8] < 0.9 * thr[256]
 
 
 def test_too_little_kv_causes_retractions_and_capacity_collapse():

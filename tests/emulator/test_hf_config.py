@@ -202,12 +202,15 @@ def test_mla_kv_size_reaches_kv_capacity_and_read_cost(tmp_path):
         info = core.server_info()["internal_states"][0]["memory_usage"]
         assert info["kvcache"] == pytest.approx(r.max_total_num_tokens * per_token / GiB, abs=0.01)
         caps[kv_dtype] = r.max_total_num_tokens
-        # decode of 32 requests at 8k context on a memory-bound attention: KV bytes read / KV bandwidth
-        cm = CostModel(c, hw, tp=8, fp8_weights=True, kv_bytes=kv_bytes, eff=Efficiency())
+        # decode of 32 requests at 8k context on a memory-bound attention: KV bytes read / KV bandwidth,
+        # plus the attention kernels' per-sequence work (cost.py: decode_req_layer_s per request and layer)
+        eff = Efficiency()
+        cm = CostModel(c, hw, tp=8, fp8_weights=True, kv_bytes=kv_bytes, eff=eff)
         ctx = 32 * 8192
         step = cm.step(decode_reqs=32, decode_ctx=ctx, decode_ctx_swa=ctx, n_running=32)
         read = per_token * (ctx + 32)  # context read + the new tokens' KV written
-        assert step.attn_s == pytest.approx(read / (hw.hbm_bw * Efficiency().kv_mbu), rel=0.01)
+        per_seq = 32 * c.layers * eff.decode_req_layer_s
+        assert step.attn_s == pytest.approx(read / (hw.hbm_bw * eff.kv_mbu) + per_seq, rel=0.01)
     assert caps["fp8_e4m3"] / caps["auto"] == pytest.approx(2.0, rel=1e-3)
 
 

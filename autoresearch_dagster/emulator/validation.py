@@ -1,0 +1,257 @@
+"""Owns the emulator's validation against published real-GPU serving measurements: the table's schema and
+split rule, the workloads each point describes, the emulator's prediction of each point, the error
+statistics, and the fit of ``Efficiency`` factors on the table's ``fit`` half.
+
+The table (``benchmarks/data/emulator_validation.json``) lists points read in public sources (URL, engine,
+version, GPU, TP, weights and KV dtype, workload, metric, value, the source's own lines). Each point is
+replayed in virtual time on the point's model, GPU and server config with the emulator's SGLang defaults:
+
+- ``concurrency`` workloads keep C requests in flight (``vllm bench serve --max-concurrency C``);
+- ``offline`` workloads send every prompt at t=0 (request rate inf);
+- ``rate`` workloads send at a fixed Poisson rate.
+
+ShareGPT prompts are not available offline, so a ShareGPT run is replayed with lognormal lengths clipped
+the way ``vllm bench serve`` filters the dataset (prompt 4..1024 tokens, prompt + output <= 2048) and
+scaled so the totals equal the ones the source printed; ``random`` runs use the stated fixed lengths.
+
+The split is fixed by the id alone (``split_of``), before any error is looked at; factors are fitted on
+the ``fit`` half only (``fit``), and the ``report`` half is what the benchmark reports.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from autoresearch_dagster.emulator.catalog import gpu, model_card
+from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
+from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.emulator.noise import NoiseSettings
+from autoresearch_dagster.emulator.sim import SimResult, simulate, simulate_closed_loop
+from autoresearch_dagster.spec import SpecError
+
+Split = Literal["fit", "report"]
+METRICS = ("median_tpot_ms", "median_ttft_ms", "median_itl_ms", "output_throughput", "total_token_throughput")
+SHAREGPT_MAX_PROMPT = 1024  # vllm bench serve / sglang bench_serving drop longer ShareGPT prompts ...
+SHAREGPT_MAX_TOTAL = 2048  # ... and prompt + output above this
+SHAREGPT_MIN = 4
+SHAREGPT_SIGMA_IN, SHAREGPT_SIGMA_OUT = 1.1, 0.9  # spread of log lengths (heavy-tailed chat turns)
+# Bounds of the factors a fit may move (achieved fractions in (0, 1], CPU and fixed latencies in seconds)
+FIT_BOUNDS = {"gemm_mfu": (0.2, 0.95), "fp8_mfu": (0.1, 0.95), "w8a16_mfu": (0.1, 0.95), "fp8_layer_s": (0.0, 2e-4), "moe_mfu": (0.1, 0.95), "attn_mfu": (0.1, 0.95), "mbu": (0.4, 0.95),
+              "kv_mbu": (0.2, 0.95), "comm_eff": (0.2, 0.95), "step_overhead_s": (1e-5, 5e-3),
+              "per_req_overhead_s": (1e-7, 1e-4), "eager_layer_s": (1e-6, 1e-3), "kernel_floor_s": (1e-7, 5e-5),
+              "decode_req_layer_s": (0.0, 1e-5), "request_in_s": (0.0, 0.05), "request_out_s": (0.0, 0.05)}
+
+
+def split_of(point_id: str) -> Split:
+    """The fixed split rule: the parity of the first byte of sha256(id)."""
+    return "fit" if hashlib.sha256(point_id.encode()).digest()[0] % 2 == 0 else "report"
+
+
+@dataclass(frozen=True)
+class Workload:
+    kind: Literal["concurrency", "offline", "rate"]
+    dataset: Literal["sharegpt", "random"]
+    num_prompts: int
+    concurrency: int | None = None
+    rate_rps: float | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    total_input_tokens: int | None = None
+    total_output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    id: str
+    source: str
+    url: str
+    source_quote: tuple[str, ...]
+    engine: str
+    engine_version: str
+    model: str
+    gpu: str
+    tp: int
+    weights: str
+    kv_dtype: str
+    workload: Workload
+    metric: str
+    value: float
+    unit: str
+    split: Split
+    config: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+
+
+def _point(d: dict[str, Any], where: str) -> Point:
+    try:
+        w = Workload(**d["workload"])
+        p = Point(**{**d, "workload": w, "source_quote": tuple(d["source_quote"])})
+    except (KeyError, TypeError) as e:
+        raise SpecError(f"{where}: point {d.get('id', '?')!r} is malformed: {e}") from None
+    if p.metric not in METRICS:
+        raise SpecError(f"{where}: point {p.id!r} has unknown metric {p.metric!r}; known: {', '.join(METRICS)}")
+    if p.split != split_of(p.id):
+        raise SpecError(f"{where}: point {p.id!r} is marked {p.split!r} but the split rule puts it in {split_of(p.id)!r}")
+    if not p.source_quote or not p.url.startswith("https://"):
+        raise SpecError(f"{where}: point {p.id!r} needs a source URL and the source's own lines")
+    if w.kind == "concurrency" and not w.concurrency or w.kind == "rate" and not w.rate_rps:
+        raise SpecError(f"{where}: point {p.id!r}: a {w.kind} workload needs its concurrency or rate")
+    if w.dataset == "random" and not (w.input_len and w.output_len):
+        raise SpecError(f"{where}: point {p.id!r}: a random workload needs input_len and output_len")
+    if w.dataset == "sharegpt" and not (w.total_input_tokens and w.total_output_tokens):
+        raise SpecError(f"{where}: point {p.id!r}: a ShareGPT workload needs the totals the source printed")
+    return p
+
+
+def load_table(path: str | Path) -> list[Point]:
+    """The validation points of a table file; SpecError (one line) on a malformed or mis-split point."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecError(f"validation table {path} cannot be read: {e}") from None
+    points = [_point(d, str(path)) for d in data.get("points", [])]
+    ids = [p.id for p in points]
+    if len(set(ids)) != len(ids):
+        raise SpecError(f"{path}: repeated point ids")
+    return points
+
+
+# ------------------------------------------------------------------------------------------ workloads
+
+def sharegpt_lengths(n: int, mean_in: float, mean_out: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` (prompt, output) lengths: lognormal, clipped as the bench clients filter ShareGPT, medians
+    adjusted until the means equal ``mean_in`` / ``mean_out`` (deterministic per seed)."""
+    rng = np.random.default_rng(seed)
+    z_in, z_out = rng.normal(0, SHAREGPT_SIGMA_IN, n), rng.normal(0, SHAREGPT_SIGMA_OUT, n)
+    med_in, med_out = mean_in * 0.6, mean_out * 0.7
+    for _ in range(40):
+        p = np.clip(np.round(med_in * np.exp(z_in)), SHAREGPT_MIN, SHAREGPT_MAX_PROMPT)
+        o = np.clip(np.round(med_out * np.exp(z_out)), SHAREGPT_MIN, SHAREGPT_MAX_TOTAL - p)
+        med_in *= mean_in / p.mean()
+        med_out *= mean_out / o.mean()
+    return p.astype(int), o.astype(int)
+
+
+def point_requests(w: Workload, seed: int = 0) -> list[EmuRequest]:
+    """The requests a workload sends, in send order (arrival times for ``offline`` / ``rate``)."""
+    n = w.num_prompts
+    if w.dataset == "random":
+        prompts, outs = np.full(n, w.input_len), np.full(n, w.output_len)
+    else:
+        prompts, outs = sharegpt_lengths(n, w.total_input_tokens / n, w.total_output_tokens / n, seed)
+    if w.kind == "rate":
+        arrivals = np.cumsum(np.random.default_rng(seed + 1).exponential(1.0 / w.rate_rps, n))
+    else:
+        arrivals = np.zeros(n)
+    # unique prompts: no prefix-cache hits, as with ShareGPT / random prompts
+    return [EmuRequest(f"v{i}", int(prompts[i]), int(outs[i]), [], 64, float(arrivals[i])) for i in range(n)]
+
+
+def run_point(p: Point, eff: Efficiency | None = None, seed: int = 0) -> dict[str, float]:
+    """Replay one point's workload on the emulator (noise off, the point's server config): its figures."""
+    core = EngineCore(model_card(p.model), gpu(p.gpu), p.tp, p.config, seed=seed, noise=NoiseSettings.off(),
+                      efficiency=eff)
+    reqs = point_requests(p.workload, seed)
+    if p.workload.kind == "concurrency":
+        res = simulate_closed_loop(core, reqs, p.workload.concurrency)
+    else:
+        res = simulate(core, reqs, sample_interval_s=3600.0, start_s=0.0)
+    return metrics_of(res, {r.rid: r.prompt_tokens for r in reqs})
+
+
+def metrics_of(res: SimResult, prompt_tokens: dict[str, int]) -> dict[str, float]:
+    """The bench clients' figures (vllm bench serve / sglang.bench_serving definitions) from a replay."""
+    ok = [r for r in res.requests if r.status == "ok"]
+    if len(ok) < len(res.requests):
+        raise SpecError(f"{len(res.requests) - len(ok)} of {len(res.requests)} requests failed in the replay")
+    dur = max(r.end_s for r in ok) - min(r.arrival_s for r in ok)
+    out = sum(r.output_tokens for r in ok)
+    tokens_in = sum(prompt_tokens[r.rid] for r in ok)
+    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    itl = np.concatenate([r.itl_s(res.stream_interval) for r in ok] or [np.zeros(1)])
+    return {"median_tpot_ms": 1e3 * float(np.median(tpot)) if tpot else math.nan,
+            "median_ttft_ms": 1e3 * float(np.median([r.ttft_s for r in ok])),
+            "median_itl_ms": 1e3 * float(np.median(itl)),
+            "output_throughput": out / dur, "total_token_throughput": (out + tokens_in) / dur}
+
+
+def predict(p: Point, eff: Efficiency | None = None) -> float:
+    return run_point(p, eff)[p.metric]
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+@dataclass(frozen=True)
+class Row:
+    point: Point
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the prediction (+0.10 = predicted 10% above the published value)."""
+        return self.predicted / self.point.value - 1.0
+
+
+def evaluate(points: Iterable[Point], eff: Efficiency | None = None) -> list[Row]:
+    return [Row(p, predict(p, eff)) for p in points]
+
+
+def summary(rows: list[Row]) -> dict[str, float]:
+    """Median and worst |relative error| of some rows (NaN when there are none)."""
+    errs = np.abs([r.error for r in rows])
+    if not len(errs):
+        return {"n": 0, "median_abs_error": math.nan, "worst_abs_error": math.nan}
+    return {"n": len(errs), "median_abs_error": float(np.median(errs)), "worst_abs_error": float(errs.max())}
+
+
+# ------------------------------------------------------------------------------------------ fit
+
+@dataclass
+class FitResult:
+    efficiency: Efficiency
+    params: dict[str, float]
+    before: dict[str, float]
+    after: dict[str, float]
+    n_evals: int
+    message: str
+
+
+def fit(points: list[Point], params: tuple[str, ...], start: Efficiency | None = None, *,
+        max_evals: int = 300) -> FitResult:
+    """Fit ``params`` of ``Efficiency`` on ``points`` (the ``fit`` half only: refuses ``report`` points) by
+    bounded least squares on log(predicted / published), soft-L1 loss so one odd point cannot dominate."""
+    if any(p.split != "fit" for p in points):
+        raise SpecError("the fit sees only the table's 'fit' half")
+    unknown = [k for k in params if k not in FIT_BOUNDS]
+    if unknown:
+        raise SpecError(f"cannot fit {', '.join(unknown)}; fittable: {', '.join(FIT_BOUNDS)}")
+    base = start or Efficiency()
+    scale = np.array([max(getattr(base, k), FIT_BOUNDS[k][1] * 1e-2) for k in params])
+    lo = np.array([FIT_BOUNDS[k][0] for k in params]) / scale
+    hi = np.array([FIT_BOUNDS[k][1] for k in params]) / scale
+    x0 = np.clip(np.array([getattr(base, k) for k in params]) / scale, lo, hi)
+    evals = 0
+
+    def eff_of(x: np.ndarray) -> Efficiency:
+        return base.replace(**{k: float(v * s) for k, v, s in zip(params, x, scale)})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        nonlocal evals
+        evals += 1
+        e = eff_of(x)
+        return np.array([math.log(max(predict(p, e), 1e-9) / p.value) for p in points])
+
+    before = summary(evaluate(points, base))
+    sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=0.02,
+                        max_nfev=max_evals)
+    eff = eff_of(sol.x)
+    return FitResult(eff, {k: getattr(eff, k) for k in params}, before, summary(evaluate(points, eff)), evals,
+                     sol.message)

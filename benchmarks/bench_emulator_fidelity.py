@@ -1,0 +1,100 @@
+"""Emulator fidelity against published real-GPU serving measurements, and the emulator's speed.
+
+Replays every point of ``benchmarks/data/emulator_validation.json`` (batch-1 / closed-loop concurrency,
+offline ShareGPT and fixed-length runs; dense and MoE; bf16 and fp8; H100 and A100; each cited with its
+source's own lines) on the emulator with its default ``Efficiency`` factors, prints predicted vs published
+per point, and the median and worst |error| on the ``report`` half (the half no factor was fitted on) and
+on the ``fit`` half separately. Then prints the simulator's speed in generated tokens per CPU-second on a
+saturated offline run (target >= 1M).
+
+Usage:
+  python benchmarks/bench_emulator_fidelity.py            # the table, the summary, the speed
+  python benchmarks/bench_emulator_fidelity.py --fit      # also fit FIT_PARAMS on the fit half and print them
+                                                           # (how the defaults in emulator/cost.py were made)
+Targets (issue 13): median |error| <= 8% and none worse than 25% on the report half; >= 1M tokens/CPU-s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autoresearch_dagster.emulator.catalog import gpu, model_card  # noqa: E402
+from autoresearch_dagster.emulator.core import EmuRequest, EngineCore  # noqa: E402
+from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
+from autoresearch_dagster.emulator.noise import NoiseSettings  # noqa: E402
+from autoresearch_dagster.emulator.sim import simulate  # noqa: E402
+from autoresearch_dagster.emulator.validation import (  # noqa: E402
+    evaluate, fit, load_table, sharegpt_lengths, summary)
+
+TABLE = Path(__file__).resolve().parent / "data" / "emulator_validation.json"
+# The factors the fit half exercises: bf16 / fp8 / w8a16 / MoE GEMM rates (offline runs), weight streaming and
+# its per-request and fp8 extras (closed-loop TPOT at 4 and 8 in flight), the fixed latency (closed-loop
+# throughput). Paged-KV bandwidth and per-request CPU have no fit-half run that moves them: left at their priors.
+# The defaults in emulator/cost.py are this fit's values except fp8_mfu (see Efficiency's docstring): every
+# compute-bound H100 run of the fit half is fp8, so its fp8 rate stands in for the H100's bf16 GEMM efficiency
+# too, which no fit-half run shows, and the fitted value made fp8 prefill slower than bf16.
+FIT_PARAMS = ("gemm_mfu", "fp8_mfu", "w8a16_mfu", "moe_mfu", "mbu", "decode_req_layer_s", "fp8_layer_s", "request_in_s")
+
+
+def print_rows(rows) -> None:
+    print(f"{'split':6s} {'point':34s} {'engine':16s} {'gpu':7s} {'metric':23s} {'published':>10s} "
+          f"{'emulator':>10s} {'error':>7s}")
+    for r in sorted(rows, key=lambda r: (r.point.split, r.point.id)):
+        p = r.point
+        print(f"{p.split:6s} {p.id:34s} {p.engine + ' ' + p.engine_version:16s} {p.gpu + 'x' + str(p.tp):7s} "
+              f"{p.metric:23s} {p.value:10.2f} {r.predicted:10.2f} {r.error:+7.1%}")
+    for split in ("report", "fit"):
+        s = summary([r for r in rows if r.point.split == split])
+        print(f"{split} half: {s['n']} points, median |error| {s['median_abs_error']:.1%}, "
+              f"worst |error| {s['worst_abs_error']:.1%}")
+
+
+def speed() -> float:
+    """Generated tokens per CPU-second on a saturated offline run (4000 ShareGPT-like requests at t=0)."""
+    prompts, outs = sharegpt_lengths(4000, 217.0, 201.0, seed=7)
+    reqs = [EmuRequest(f"s{i}", int(p), int(o), [], 64, 0.0) for i, (p, o) in enumerate(zip(prompts, outs))]
+    core = EngineCore(model_card("qwen3-8b"), gpu("H100"), 1, {}, seed=0, noise=NoiseSettings.off())
+    cpu0 = time.process_time()
+    res = simulate(core, reqs, sample_interval_s=1.0, start_s=0.0)
+    cpu = time.process_time() - cpu0
+    rate = res.generated_tokens / cpu
+    print(f"speed: {res.generated_tokens:,} tokens generated over {res.end_s:.0f} virtual s in {cpu:.2f} CPU-s "
+          f"-> {rate:,.0f} simulated tokens per CPU-second (target >= 1,000,000)")
+    return rate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--table", default=str(TABLE))
+    ap.add_argument("--fit", action="store_true", help="fit FIT_PARAMS on the fit half and print the factors")
+    args = ap.parse_args()
+    print(f"load average before: {os.getloadavg()}")
+    points = load_table(args.table)
+    eff = Efficiency()
+    print(f"{len(points)} points from {args.table}; default factors: {asdict(eff)}")
+    cpu0 = time.process_time()
+    rows = evaluate(points, eff)
+    print_rows(rows)
+    print(f"(replayed in {time.process_time() - cpu0:.1f} CPU-s)")
+    if args.fit:
+        res = fit([p for p in points if p.split == "fit"], FIT_PARAMS, eff)
+        print(f"fit on the fit half ({res.n_evals} evaluations, {res.message}): "
+              f"median |error| {res.before['median_abs_error']:.1%} -> {res.after['median_abs_error']:.1%}, "
+              f"worst {res.before['worst_abs_error']:.1%} -> {res.after['worst_abs_error']:.1%}")
+        print("fitted factors: " + ", ".join(f"{k}={v:.4g}" for k, v in res.params.items()))
+        print("with the fitted factors:")
+        print_rows(evaluate(points, res.efficiency))
+    speed()
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The structural mechanisms of the cost model (overlap scheduler, CUDA-graph padding, per-request decode cost,
+fp8 KV reads, MLA attention, fixed request latency) and the validation table / fit (issue 13)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoresearch_dagster.emulator.catalog import gpu, model_card
+from autoresearch_dagster.emulator.cost import CostModel, Efficiency, StepCost, cuda_graph_batch_sizes
+from autoresearch_dagster.emulator.sim import simulate, simulate_closed_loop
+from autoresearch_dagster.emulator.validation import (
+    Point, Workload, fit, load_table, metrics_of, point_requests, sharegpt_lengths, split_of)
+from autoresearch_dagster.spec import SpecError
+from autoresearch_dagster.emulator.core import EngineCore
+from .helpers import QUIET, core, reqs
+
+TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "emulator_validation.json"
+
+
+def _engine(eff: Efficiency) -> EngineCore:
+    return EngineCore(model_card("qwen3-8b"), gpu("H100"), 1, {}, noise=QUIET, efficiency=eff)
+
+
+def _cm(model="qwen3-8b", hw="H100", **kw) -> CostModel:
+    return CostModel(model_card(model), gpu(hw), tp=1, fp8_weights=False, kv_bytes=2.0, **kw)
+
+
+# ------------------------------------------------------------------ overlap scheduler
+
+def test_overlap_hides_cpu_behind_the_gpu_and_disable_adds_it_back():
+    on = StepCost(gemm_s=0.004, cpu_s=0.001, overlap=True)
+    off = StepCost(gemm_s=0.004, cpu_s=0.001, overlap=False)
+    assert on.total_s == pytest.approx(0.004) and off.total_s == pytest.approx(0.005)
+    assert StepCost(gemm_s=0.001, cpu_s=0.003, overlap=True).total_s == pytest.approx(0.003)  # CPU-bound step
+    # a whole run: the knob turns the overlap off, and the same decode takes longer
+    work = reqs(8, 200, 200, prefix="o")
+    t = {flag: simulate(core({"disable_overlap_schedule": flag}, model="qwen3-8b", gpu_name="H100"), work).end_s
+         for flag in (False, True)}
+    assert t[True] > 1.08 * t[False]
+
+
+def test_speculative_steps_run_without_the_overlap_scheduler():
+    c = core({"speculative_algorithm": "EAGLE"}, model="llama-3.1-8b", gpu_name="H100")
+    assert not c.cost.step(decode_reqs=4, decode_width=8, decode_ctx=4000, draft_steps=5).overlap
+    assert c.cost.step(decode_reqs=4, decode_ctx=4000).overlap
+
+
+# ------------------------------------------------------------------ CUDA graphs
+
+def test_captured_sizes_follow_sglang_and_padding_prices_the_padded_batch():
+    sizes = cuda_graph_batch_sizes(512)
+    assert sizes[:6] == (1, 2, 4, 8, 12, 16) and 264 not in sizes and 272 in sizes and sizes[-1] == 512
+    assert cuda_graph_batch_sizes(20) == (1, 2, 4, 8, 12, 16, 20)  # the max itself is captured
+    cm = _cm(cuda_graph_max_bs=256)
+    assert cm.graph_batch(9) == 12 and cm.graph_batch(256) == 256 and cm.graph_batch(257) is None
+    # a compute-bound shape shows the padding: 130 requests cost what the 136-graph costs
+    big = CostModel(model_card("qwen3-8b"), gpu("A100"), tp=1, fp8_weights=False, kv_bytes=2.0)
+    s130, s136 = big.step(decode_reqs=130, decode_ctx=130), big.step(decode_reqs=136, decode_ctx=136)
+    assert s130.gemm_s == pytest.approx(s136.gemm_s) and s130.launch_s == 0
+    assert big.step(decode_reqs=300, decode_ctx=300).launch_s > 0  # above the largest graph: eager
+
+
+def test_disable_cuda_graph_makes_small_batch_decode_launch_bound():
+    work = reqs(2, 200, 300, prefix="c")
+    run = lambda flag: simulate(core({"disable_cuda_graph": flag}, model="llama-3.1-8b", gpu_name="B200"), work)  # noqa: E731
+    graph, eager = run(False), run(True)
+    assert eager.final_metrics["sglang:cuda_graph_passes_total"] == 0
+    assert graph.final_metrics["sglang:eager_passes_total"] == 0
+    tpot = lambda res: np.median([(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in res.requests])  # noqa: E731
+    assert tpot(eager) > 1.2 * tpot(graph)
+
+
+# ------------------------------------------------------------------ per-request decode cost, fp8 KV, MLA
+
+def test_decode_step_grows_with_the_running_batch_beyond_kv_bytes():
+    eff = Efficiency()
+    cm = _cm(eff=eff)
+    m = model_card("qwen3-8b")
+    one, eight = cm.step(decode_reqs=1, decode_ctx=500), cm.step(decode_reqs=8, decode_ctx=8 * 500)
+    kv = 7 * 500 * m.kv_bytes_per_token(2.0) / (gpu("H100").hbm_bw * eff.kv_mbu)
+    assert eight.attn_s - one.attn_s == pytest.approx(kv + 7 * m.layers * eff.decode_req_layer_s, rel=0.05)
+
+
+def test_fp8_kv_halves_the_kv_bytes_decode_attention_reads():
+    m, hw = model_card("qwen3-8b"), gpu("H100")
+    eff = Efficiency(decode_req_layer_s=0.0)
+    bf16 = CostModel(m, hw, tp=1, fp8_weights=False, kv_bytes=2.0, eff=eff)
+    fp8 = CostModel(m, hw, tp=1, fp8_weights=False, kv_bytes=1.0, eff=eff)
+    shape = dict(decode_reqs=64, decode_ctx=64 * 4000)
+    assert fp8.step(**shape).attn_s == pytest.approx(0.5 * bf16.step(**shape).attn_s, rel=0.01)
+    assert fp8.step(**shape).gemm_s == bf16.step(**shape).gemm_s  # weights untouched
+
+
+def test_mla_decode_attention_runs_absorbed_over_the_latent():
+    from autoresearch_dagster.emulator.card import ModelCard
+    mla = ModelCard("mla", layers=4, hidden=1024, heads=16, kv_heads=16, head_dim=192, ffn=2048, vocab=1000,
+                    kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128)
+    hw = gpu("H100")
+    eff = Efficiency(attn_mfu=0.5, kv_mbu=1e9, decode_req_layer_s=0.0)  # make attention FLOP-bound
+    cm = CostModel(mla, hw, tp=2, fp8_weights=False, kv_bytes=2.0, eff=eff)
+    pairs = 1000
+    step = cm.step(decode_reqs=1, decode_ctx=pairs)
+    per_pair = (16 / 2) * (4 * 512 + 2 * 64)  # heads per rank x absorbed QK over latent+rope and PV over latent
+    assert step.attn_s == pytest.approx(mla.layers * pairs * per_pair / (hw.bf16_flops * 0.5), rel=0.01)
+    pre = cm.step(prefill_tokens=100, prefill_seqs=1, prefill_attn_work=100 * 50)
+    assert pre.attn_s == pytest.approx(mla.layers * 5000 * (16 / 2) * 2 * (192 + 128) / (hw.bf16_flops * 0.5), rel=0.01)
+
+
+# ------------------------------------------------------------------ fixed request latency
+
+def test_request_latency_adds_to_ttft_and_e2e_not_to_token_gaps():
+    base, slow = Efficiency(request_in_s=0.0, request_out_s=0.0), Efficiency(request_in_s=0.005, request_out_s=0.007)
+    work = reqs(1, 300, 50, prefix="l")
+    a = simulate(_engine(base), work).requests[0]
+    b = simulate(_engine(slow), work).requests[0]
+    assert b.ttft_s - a.ttft_s == pytest.approx(0.012, abs=1e-6)
+    assert b.e2e_s - a.e2e_s == pytest.approx(0.012, abs=1e-6)
+    assert np.allclose(b.itl_s(), a.itl_s())
+
+
+def test_closed_loop_keeps_the_concurrency_and_waits_for_the_client():
+    res = simulate_closed_loop(_engine(Efficiency(request_in_s=0.004, request_out_s=0.004)), reqs(12, 100, 20, prefix="k"), 3)
+    assert len(res.requests) == 12 and all(r.status == "ok" for r in res.requests)
+    starts = sorted(r.arrival_s for r in res.requests)
+    ends = sorted(r.end_s for r in res.requests)
+    assert starts[:3] == [0.0, 0.0, 0.0]
+    assert starts[3] == pytest.approx(ends[0])  # the next prompt goes when a client has its last token
+    in_flight = max(sum(1 for r in res.requests if r.arrival_s <= t < r.end_s) for t in starts)
+    assert in_flight == 3
+
+
+# ------------------------------------------------------------------ the validation table and the fit
+
+def test_the_table_is_cited_split_by_its_rule_and_covers_what_issue_13_asks():
+    points = load_table(TABLE)
+    assert len(points) >= 15
+    assert all(p.split == split_of(p.id) and p.source_quote and p.url.startswith("https://") for p in points)
+    assert {p.gpu for p in points} >= {"H100", "A100"}
+    assert {p.weights for p in points} >= {"bf16", "fp8"} and "fp8_e4m3" in {p.kv_dtype for p in points}
+    assert any(model_card(p.model).is_moe for p in points) and any(not model_card(p.model).is_moe for p in points)
+    kinds = {(p.workload.kind, p.workload.concurrency) for p in points}
+    assert ("concurrency", 1) in kinds and any(k == "offline" for k, _ in kinds)
+    assert {p.split for p in points} == {"fit", "report"}
+
+
+def test_a_point_marked_against_the_split_rule_is_refused(tmp_path):
+    data = json.loads(TABLE.read_text())
+    p = data["points"][0]
+    p["split"] = "report" if p["split"] == "fit" else "fit"
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"points": [p]}))
+    with pytest.raises(SpecError, match="split rule"):
+        load_table(bad)
+
+
+def test_sharegpt_lengths_hit_the_published_totals_within_the_clients_filter():
+    p, o = sharegpt_lengths(1000, 217.4, 201.5, seed=3)
+    assert p.mean() == pytest.approx(217.4, rel=0.01) and o.mean() == pytest.approx(201.5, rel=0.01)
+    assert p.min() >= 4 and p.max() <= 1024 and (p + o).max() <= 2048 and o.min() >= 4
+
+
+def _tiny_point(split_id: str, value: float) -> Point:
+    w = Workload(kind="concurrency", dataset="random", num_prompts=6, concurrency=2, input_len=100, output_len=40)
+    return Point(id=split_id, source="test", url="https://example.org", source_quote=("x",), engine="sglang",
+                 engine_version="0", model="qwen3-8b", gpu="H100", tp=1, weights="bf16", kv_dtype="bf16",
+                 workload=w, metric="median_tpot_ms", value=value, unit="ms", split=split_of(split_id))
+
+
+def test_fit_recovers_a_known_factor_and_refuses_report_points():
+    ids = [i for i in (f"t{n}" for n in range(40)) if split_of(i) == "fit"][:2]
+    truth = Efficiency(mbu=0.5)
+    from autoresearch_dagster.emulator.validation import predict
+    points = [_tiny_point(i, 1.0) for i in ids]
+    points = [Point(**{**p.__dict__, "value": predict(p, truth)}) for p in points]
+    res = fit(points, ("mbu",), Efficiency(mbu=0.8), max_evals=30)
+    assert res.params["mbu"] == pytest.approx(0.5, rel=0.03)
+    assert res.after["worst_abs_error"] < 0.02 < res.before["worst_abs_error"]
+    report_id = next(i for i in (f"t{n}" for n in range(40)) if split_of(i) == "report")
+    with pytest.raises(SpecError, match="'fit' half"):
+        fit([_tiny_point(report_id, 5.0)], ("mbu",))
+
+
+def test_metrics_follow_the_bench_clients_definitions():
+    w = Workload(kind="offline", dataset="random", num_prompts=4, input_len=100, output_len=11)
+    rq = point_requests(w)
+    res = simulate(core({}, model="qwen3-8b", gpu_name="H100"), rq, sample_interval_s=3600.0, start_s=0.0)
+    m = metrics_of(res, {r.rid: r.prompt_tokens for r in rq})
+    dur = max(r.end_s for r in res.requests)
+    assert m["total_token_throughput"] == pytest.approx(4 * 111 / dur)
+    assert m["output_throughput"] == pytest.approx(4 * 11 / dur)
+    tpot = np.median([(r.e2e_s - r.ttft_s) / 10 for r in res.requests]) * 1e3
+    assert m["median_tpot_ms"] == pytest.approx(tpot)
