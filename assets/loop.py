@@ -47,6 +47,31 @@ def runner(context: Any, registry: EndpointRegistry, engines: EngineFactory, set
                            probes=settings.diagnosis_probes, say=context.log.info, origin=origin)
 
 
+def autoscaling_metadata(a: dict[str, Any], plot: str | None) -> dict[str, Any]:
+    """An autoscaled replay's report as metadata: GPU-seconds, replicas, scale-up latency, SLA misses in bursts,
+    the plot (path and embedded)."""
+    def num(x: Any) -> float:
+        return float(x) if x is not None else float("nan")
+
+    md = (f"GPU-seconds {a['gpu_seconds']:.0f} (mean {num(a['mean_replicas']):.2f} replicas x {a['gpus_per_replica']} "
+          f"GPUs, {a['replicas_min']:g}-{a['replicas_max']:g}), {len(a['scale_ups'])} scale-ups (median latency "
+          f"{num(a['scale_up_latency_median_s']):.1f} s), {a['scale_downs']} scale-downs; SLA misses in bursts "
+          f"{a['burst_sla_misses']}/{a['burst_requests']}, elsewhere {a['other_sla_misses']}/{a['other_requests']}")
+    out: dict[str, Any] = {
+        "autoscaling/gpu_seconds": float(a["gpu_seconds"]), "autoscaling/mean_replicas": num(a["mean_replicas"]),
+        "autoscaling/replicas_max": float(a["replicas_max"]), "autoscaling/scale_ups": len(a["scale_ups"]),
+        "autoscaling/scale_up_latency_median_s": num(a["scale_up_latency_median_s"]),
+        "autoscaling/scale_up_latency_max_s": num(a["scale_up_latency_max_s"]),
+        "autoscaling/burst_sla_misses": int(a["burst_sla_misses"] or 0),
+        "autoscaling/burst_requests": int(a["burst_requests"] or 0),
+        "autoscaling/other_sla_misses": int(a["other_sla_misses"] or 0)}
+    if plot:
+        out["autoscaling/plot"] = dg.MetadataValue.path(plot)
+        md += "\n\n" + png_markdown(plot, "autoscaling")
+    out["autoscaling/report"] = dg.MetadataValue.md(md)
+    return out
+
+
 def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     return head + "\n".join("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
@@ -115,7 +140,9 @@ def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry
           + "\n\n" + png_markdown(plot, "load curves"))
     return dg.MaterializeResult(
         data_version=dg.DataVersion(n["noise_id"]),
-        metadata={"capacity_rps": float(n["median"]), "capacity_rps_per_gpu": float(n["median"]) / r.endpoint.gpus,
+        metadata={"capacity_rps": float(n["median"]),
+                  "capacity_rps_per_gpu": float(n["median"]) / float(n.get("gpus_held") or r.endpoint.gpus),
+                  "gpus_held": float(n.get("gpus_held") or r.endpoint.gpus),
                   "capacity_cv": float(n["cv"]), "runs": int(n["runs"]), "margin": float(n["margin"]),
                   "capacities": dg.MetadataValue.json(n["capacities"]), "engine_version": str(n["engine_version"]),
                   "replicated": bool(rep["replicated"]) if rep else True, "era": era.index,
@@ -160,6 +187,8 @@ def replay_vs_production(context: dg.AssetCheckExecutionContext, registry: Endpo
     for c in report["checks"]:
         if c["drift"] is not None and math.isfinite(c["drift"]):
             metadata[f"drift/{c['name']}"] = float(c["drift"])
+    if run.autoscaling is not None:
+        metadata.update(autoscaling_metadata(run.autoscaling, report.get("autoscaling_plot")))
     return dg.AssetCheckResult(
         passed=not failed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
         description=("drifted from production: " + "; ".join(report["failures"]) if failed else

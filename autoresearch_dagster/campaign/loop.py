@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import statistics
 import time
 import uuid
 from dataclasses import replace
@@ -118,8 +119,10 @@ class CampaignRunner:
         self.state.save(self.state_path)
 
     def harness(self) -> HarnessSettings:
+        # capacity-only experiments: an autoscaled endpoint's GPUs saved are measured once, at the end (gpu_savings)
         return HarnessSettings(capacity=self.profile.capacity, seed=self.settings.seed, parallel_runs=self.workers,
-                               confirm=self.settings.confirm == "fresh_runs", stop_when_not_better=True)
+                               confirm=self.settings.confirm == "fresh_runs", stop_when_not_better=True,
+                               demand_replay=False)
 
     def experiment_harness(self, era: Era, proposal_id: str) -> HarnessSettings:
         """The harness of one experiment: seeds of its own (stable across a resume), so the fresh baseline
@@ -285,7 +288,9 @@ class CampaignRunner:
                      "ci_high": noise.floor.ci_high, "cv": noise.capacity_cv, "capacities": noise.capacities,
                      "margin": margin, "gpu_seconds": gpu_s, "engine_version": noise.engine_version,
                      "resolved": resolved_config(median_run.server_info, self.endpoint.engine), "limiting": str(failing[0]) if failing else "",
-                     "median_run_id": median_run.run_id, "runs": len(noise.capacities)}
+                     "median_run_id": median_run.run_id, "runs": len(noise.capacities),
+                     # what a capacity per GPU divides by: GPUs of one server, or an autoscaled fleet's held GPUs
+                     "gpus_held": float(statistics.median([r.gpus_held or self.endpoint.gpus for r in valid]))}
         write_json(self._era_dir() / "noise.json", json_safe(noise.to_dict()))
         self.say(f"  capacity {noise.floor.median:.2f} req/s (95% CI {noise.floor.ci_low:.2f}-{noise.floor.ci_high:.2f}), "
                  f"CV {noise.capacity_cv:.2%}, verdict margin {margin:.2%}")
@@ -374,7 +379,7 @@ class CampaignRunner:
             pool_id=self.state.pool_hash, baseline_config=era.config, baseline_hash=era.config_hash,
             resolved_baseline=n.get("resolved") or {},
             baseline={"capacity_rps": n.get("median"), "ci": [n.get("ci_low"), n.get("ci_high")],
-                      "capacity_rps_per_gpu": (n.get("median") or 0) / self.endpoint.gpus,
+                      "capacity_rps_per_gpu": (n.get("median") or 0) / (n.get("gpus_held") or self.endpoint.gpus),
                       "limiting_sla_term": n.get("limiting")},
             noise={"cv": n.get("cv"), "runs": n.get("runs"), "margin": n.get("margin")},
             experiment_ids=[e["experiment_id"] for e in self.state.experiments], history=history,
@@ -574,7 +579,7 @@ class CampaignRunner:
                   "ran": True, "reason": res.reason, "invalid_reasons": res.invalid_reasons,
                   "correctness": res.correctness, "gate_key": key, "control_note": res.control_note,
                   "anchor_run_ids": [r.run_id for r in res.runs if r.arm == "baseline" and r.valid],
-                  "lossy": res.lossy}
+                  "lossy": res.lossy, "gpu_savings": res.gpu_savings}
         write_json(out, json_safe({"record": record, "result": res.summary(),
                                    "anchors": [r.to_dict() for r in res.runs if r.arm == "baseline" and r.valid]}))
         self.say(f"  -> {res.verdict.upper()}" + (f" ratio {v.ratio_median:.3f} [{v.ci_low:.3f}, {v.ci_high:.3f}]" if v
@@ -854,6 +859,32 @@ class CampaignRunner:
                 break
         self.state.spent["wall_s"] = float(self.state.spent.get("wall_s", 0.0)) + time.monotonic() - t0
         return self.finish()
+
+    def gpu_savings(self) -> dict[str, Any] | None:
+        """GPUs saved under the real demand curve by the best confirmed config against the original baseline, for an
+        autoscaled endpoint (its experiments measured capacity only): ``gpu_savings_runs`` demand replays of each
+        (``experiments.gpu_savings``), measured once per best config and kept in ``gpu_savings.json``. None when the
+        endpoint does not autoscale, the setting is 0 or no config beat the original."""
+        from autoresearch_dagster.campaign.report import best_era
+        from autoresearch_dagster.experiments.gpu_savings import LABEL, format_line, measure_savings
+
+        best, orig = best_era(self.state), self.state.original
+        if self.endpoint.autoscaling is None or not self.settings.gpu_savings_runs or best.index == orig.index:
+            return None
+        path = self.dir / "gpu_savings.json"
+        if path.exists():
+            saved = json.loads(path.read_text())
+            if saved.get("candidate_hash") == best.config_hash:
+                return saved
+        self.say(f"{LABEL}: {self.settings.gpu_savings_runs} demand replays of the original and of era {best.index}")
+        out = measure_savings(self.endpoint, orig.config, best.config, self.pool, engine=self.engine,
+                              runs=self.settings.gpu_savings_runs, settings=self.harness(), results=self.results,
+                              campaign_id=self.state.campaign_id, progress=self.say)
+        if out is not None:
+            self.state.spent["gpu_seconds"] += out["gpu_seconds_spent"]
+            write_json(path, json_safe(out))
+            self.say(f"  {format_line(out)}")
+        return out
 
     def finish(self) -> dict[str, Any]:
         """campaign.json, the progress plot, the review package and the lake's campaign_results row."""

@@ -3,7 +3,9 @@
 The best confirmed config is the era (working baseline) with the highest measured capacity among
 the original and the promotions whose gain replicated when their noise floor was re-measured. The
 gain over the original baseline is the ratio of the two eras' median capacities (independent noise
-floors, requests/s/GPU at the SLA) with a bootstrap interval at the verdicts' confidence.
+floors, requests/s/GPU at the SLA) with a bootstrap interval at the verdicts' confidence. On an
+autoscaled endpoint the gain is also shown as GPUs saved under the real demand curve: the best config's
+GPU-seconds against the original's when both replay the production demand (``CampaignRunner.gpu_savings``).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 
 from autoresearch_dagster.agents import scoring
 from autoresearch_dagster.experiments import stats
+from autoresearch_dagster.experiments.gpu_savings import LABEL, format_line
 from autoresearch_dagster.outputs.files import json_safe, write_json
 from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.spec import is_lossy
@@ -27,6 +30,13 @@ def confirmed_eras(state: Any) -> list[Any]:
 def best_era(state: Any) -> Any:
     eras = confirmed_eras(state)
     return max(eras, key=lambda e: e.noise["median"]) if eras else state.eras[0]
+
+
+def per_gpu(era: Any, gpus: int) -> float:
+    """An era's median capacity per GPU: over one server's GPUs, or over the GPUs an autoscaled fleet held at
+    capacity (``gpus_held``, measure.capacity)."""
+    noise = era.noise or {}
+    return (noise.get("median") or 0) / (noise.get("gpus_held") or gpus)
 
 
 def open_questions(state: Any, memory: Any, profile: dict[str, Any]) -> list[str]:
@@ -123,7 +133,8 @@ def build_report(runner: Any) -> dict[str, Any]:
                     "correctness_passed": (e.get("correctness") or {}).get("passed") if e.get("correctness") else None,
                     "gpu_hours": (e.get("gpu_seconds") or 0) / 3600, "runs": e.get("runs"), "score": e.get("score"),
                     "trace": e.get("trace"), "reason": e.get("reason"),
-                    "emulator_prediction": e.get("emulator_prediction")} for e in st.experiments]
+                    "emulator_prediction": e.get("emulator_prediction"), "gpu_savings": e.get("gpu_savings")}
+                   for e in st.experiments]
     path_exps = [e for e in st.experiments if e["experiment_id"] in {x.source_experiment_id for x in st.eras[1:best.index + 1]}]
     correctness = [{"experiment_id": e["experiment_id"], "intervention": e["intervention"], **(e.get("correctness") or {})}
                    for e in path_exps if e.get("correctness")]
@@ -132,10 +143,10 @@ def build_report(runner: Any) -> dict[str, Any]:
     report = {
         "campaign_id": st.campaign_id, "endpoint": st.endpoint, "sla": st.sla, "gpus": gpus,
         "original_config": orig.config, "original_capacity_rps": (orig.noise or {}).get("median"),
-        "original_rps_per_gpu": ((orig.noise or {}).get("median") or 0) / gpus,
-        "final_capacity_rps": (best.noise or {}).get("median"), "final_rps_per_gpu": ((best.noise or {}).get("median")
-                                                                                       or 0) / gpus,
+        "original_rps_per_gpu": per_gpu(orig, gpus),
+        "final_capacity_rps": (best.noise or {}).get("median"), "final_rps_per_gpu": per_gpu(best, gpus),
         "gain": gain, "gain_ci": gain_ci, "gain_confidence": stats.DECISION_CONFIDENCE,
+        "gpu_savings": runner.gpu_savings(),
         "best_config": best.config, "best_config_hash": best.config_hash, "best_era": best.index,
         "lossy": is_lossy(best.config, orig.config), "correctness": correctness,
         "experiments": experiments,
@@ -172,6 +183,8 @@ def build_report(runner: Any) -> dict[str, Any]:
             "original_rps_per_gpu": report["original_rps_per_gpu"], "final_rps_per_gpu": report["final_rps_per_gpu"],
             "gain": gain, "gain_ci_low": gain_ci[0] if gain_ci else None, "gain_ci_high": gain_ci[1] if gain_ci else None,
             "lossy": report["lossy"], "experiments": len(st.experiments), "gpu_hours": report["spent"]["gpu_hours"],
+            "demand_gpu_seconds_ratio": (report["gpu_savings"] or {}).get("gpu_seconds_ratio"),
+            "demand_mean_gpus_saved": (report["gpu_savings"] or {}).get("mean_gpus_saved"),
             "hit_rate": report["hit_rate"], "coverage": report["coverage"],
             "best_config_json": json.dumps(best.config, sort_keys=True), "review_path": str(review),
             "finished_at": utc_now()}]}, endpoint=st.endpoint)
@@ -193,6 +206,8 @@ def format_report(report: dict[str, Any]) -> str:
              f"({_f(report['final_rps_per_gpu'], '.2f')} req/s/GPU)",
              f"{'gain (90% CI)':<28} {_f(report['gain'], '.3f')}x [{_f(ci[0], '.3f')}, {_f(ci[1], '.3f')}]"
              f"  {'lossy' if report['lossy'] else 'lossless'}",
+             *([f"{LABEL}: {format_line(report['gpu_savings'])}"]
+               if report.get("gpu_savings") else []),
              f"{'best config':<28} {json.dumps(report['best_config'], sort_keys=True, default=str)}",
              f"{'experiments by verdict':<28} {json.dumps(report['by_verdict'], sort_keys=True)}",
              f"{'experiments by source':<28} {json.dumps(report['by_source'], sort_keys=True)}",

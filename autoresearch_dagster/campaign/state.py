@@ -44,6 +44,9 @@ class CampaignSettings(BaseModel):
     recalibrate_error: float | None = Field(default=0.10, ge=0.0, description="median |ln(measured / emulated)| "
                                             "ratio error above which the emulator is re-calibrated (None: never)")
     diagnosis_probes: bool = Field(default=True, description="run the one-variable probes in each diagnosis")
+    gpu_savings_runs: int = Field(default=3, ge=0, le=20, description="an autoscaled endpoint: demand replays of the "
+                                  "original and of the best config each at the end, for the GPUs saved under the real "
+                                  "demand curve (0: none)")
     confirm: Literal["fresh_runs", "remeasure"] = Field(
         default="remeasure", description="how a 'better' is confirmed: fresh runs inside the experiment, or the "
                                          "promoted baseline's re-measured noise floor (a gain that does not "

@@ -10,8 +10,9 @@ below 1, and GPUs saved above 0, mean the candidate serves the same demand on fe
 as GPUs.
 
 ``measure_savings`` is what a campaign runs at its end when its experiments measured capacity only: the best
-config and the original replay the demand curve ``runs`` times each (interleaved, fresh deployments through
-``execute_run`` in mode ``demand``), each run recorded in the lake like any other (``runs``, ``autoscaling``).
+config and the original replay the demand curve ``runs`` times each (interleaved pairs sharing a seed, fresh
+deployments through ``execute_run`` in mode ``demand``), each run recorded in the lake like any other (``runs``,
+``autoscaling``).
 """
 from __future__ import annotations
 
@@ -85,10 +86,11 @@ def measure_savings(endpoint: EndpointSpec, baseline_config: dict[str, Any], can
     if endpoint.autoscaling is None or runs < 1:
         return None
     settings = settings or HarnessSettings(capacity=CapacitySettings())
-    tasks = [RunTask(config=dict(cfg), arm=arm, run_index=i, seed=settings.seed * 1_000_003 + 700_000 + i,
+    # a pair of runs shares its seed: both configs get the same draw of arrival times inside each interval
+    tasks = [RunTask(config=dict(cfg), arm=arm, run_index=2 * k + j, seed=settings.seed * 1_000_003 + 700_000 + k,
                      purpose=PURPOSE, mode="demand")
-             for i, (arm, cfg) in enumerate(pair for _ in range(runs)
-                                            for pair in (("baseline", baseline_config), ("candidate", candidate_config)))]
+             for k in range(runs)
+             for j, (arm, cfg) in enumerate((("baseline", baseline_config), ("candidate", candidate_config)))]
     recs: list[RunRecord] = []
 
     def stored(rec: RunRecord) -> None:
