@@ -9,7 +9,10 @@ own process group, keeps the command and the server log in a run directory, wait
 reads ``/version`` and the resolved config (``/server_info?config_format=json``, served because the
 server runs with ``VLLM_SERVER_DEV_MODE=1`` on loopback only; that also gives ``/reset_prefix_cache``,
 the cache flush between steps) and refuses a server whose resolved config differs from what was
-asked (config drift names the knob). ``close()`` stops the process group.
+asked (config drift names the knob). ``close()`` stops the process group. ``engine_options.adapt_pool``'s stripping
+rules (``pool.adapt``: tools, sampling parameters such as ``seed``) apply to every step's requests,
+counted in ``meta["request_adaptation"]``, so noise runs, experiments and campaigns replay what this
+server can serve; prompts over max-model-len are left to be refused (and counted as context_too_long).
 
 On a CPU machine the engine and the client are kept apart: the server runs under ``taskset`` on
 ``engine_cores`` with its OpenMP threads bound there (``VLLM_CPU_OMP_THREADS_BIND``), and the
@@ -37,10 +40,12 @@ requests as ``engine_crash`` with the log excerpt in ``meta["engine_crash"]``; l
   launch_command     argv (list or string) replacing ``[python, -m, vllm.entrypoints.openai.api_server]``;
                      the tests point it at a stand-in server
   validate           run vLLM's parser before launching (default: true unless launch_command is set)
+  adapt_pool         {strip_tools, strip_sampling, max_model_len, margin}: see ``pool.adapt``
   api_key_env, workers
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -56,6 +61,7 @@ from autoresearch_dagster.loadgen.failures import CONTEXT_TOO_LONG, ENGINE_CRASH
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
 from autoresearch_dagster.loadgen.records import ScheduledRequest, StepOutcome
 from autoresearch_dagster.outputs.files import write_json
+from autoresearch_dagster.pool.adapt import PoolLimits, adapt_body, limits_from_options
 from autoresearch_dagster.spec import VLLM_KNOBS, EndpointSpec, SpecError, config_hash, launch_flags, validate_server_config
 
 VLLM_PYTHON_ENV = "AUTORESEARCH_VLLM_PYTHON"
@@ -213,8 +219,9 @@ class VllmDeployment(HttpDeployment):
     """The runner's HTTP deployment of a vLLM server this engine started; closing it stops the server."""
 
     def __init__(self, base_url: str, process: ServerProcess, run_dir: Path, info: dict[str, Any], *,
-                 restore_affinity: set[int] | None, **kwargs: Any):
+                 restore_affinity: set[int] | None, adapt: PoolLimits | None = None, **kwargs: Any):
         super().__init__(base_url, **kwargs)
+        self.adapt = adapt
         self.process = process
         self.run_dir = run_dir
         self.startup_info = info
@@ -224,7 +231,18 @@ class VllmDeployment(HttpDeployment):
         if not self.process.alive():
             raise EngineError(f"the vLLM server died (exit code {self.process.proc.returncode}); log "
                               f"{self.process.log_path}:\n{_crash_excerpt(self.process.log_tail(400_000))}")
+        counts: dict[str, int] = {}
+        if self.adapt is not None and (self.adapt.strip_tools or self.adapt.strip_sampling):
+            adapted = []
+            for s in schedule:
+                body, changes = adapt_body(s.body, self.adapt)
+                for c in changes:
+                    counts[c] = counts.get(c, 0) + 1
+                adapted.append(dataclasses.replace(s, body=body) if changes else s)
+            schedule = adapted
         outcome = super().run_step(schedule, step_id=step_id, timeout_s=timeout_s)
+        if counts:
+            outcome.meta["request_adaptation"] = counts
         failed = [r for r in outcome.records if r.status != "ok" and r.error_class not in REFUSALS]
         if self._died(wait_s=CRASH_WAIT_S if failed else 0.0):
             excerpt = _crash_excerpt(self.process.log_tail(400_000))
@@ -371,7 +389,8 @@ class VllmEngine:
             if self.client_cpus:
                 restore = os.sched_getaffinity(0)
                 os.sched_setaffinity(0, self.client_cpus)
-            dep = VllmDeployment(base_url, proc, run_dir, info, restore_affinity=restore, model=self.model,
+            dep = VllmDeployment(base_url, proc, run_dir, info, restore_affinity=restore,
+                                 adapt=limits_from_options(self.endpoint), model=self.model,
                                  api_key_env=self.api_key_env, workers=self.workers, settings=self.settings)
         except BaseException:
             if restore is not None:

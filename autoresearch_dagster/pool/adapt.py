@@ -16,6 +16,8 @@ such requests measures refusals, not the endpoint. ``AdaptedPool`` wraps a pool 
 ``AdaptedPool.adaptation`` says what changed (counts, limits, the first dropped ids); it is in the
 pool's ``meta["adaptation"]`` and its ``content_hash`` so results of an adapted replay never pass
 for the original pool's. ``limits_from_options`` reads an endpoint's ``engine_options.adapt_pool``.
+``adapt_body`` applies the stripping rules to one request body already scheduled: engines that serve
+every measurement path (noise, experiments, campaigns) adapt each step this way and record the counts.
 """
 from __future__ import annotations
 
@@ -76,6 +78,19 @@ def adapt_request(req: Any, limits: PoolLimits) -> tuple[Any | None, list[str]]:
         req = dataclasses.replace(req, sampling={k: v for k, v in req.sampling.items() if k not in limits.strip_sampling})
         changes.append("sampling_stripped")
     return req, changes
+
+
+def adapt_body(body: dict[str, Any], limits: PoolLimits) -> tuple[dict[str, Any], list[str]]:
+    """(the request body with ``strip_tools`` / ``strip_sampling`` applied, what changed)."""
+    changes: list[str] = []
+    out = body
+    if limits.strip_tools and ("tools" in body or "tool_choice" in body):
+        out = {k: v for k, v in out.items() if k not in ("tools", "tool_choice")}
+        changes.append("tools_stripped")
+    if any(k in body for k in limits.strip_sampling):
+        out = {k: v for k, v in out.items() if k not in limits.strip_sampling}
+        changes.append("sampling_stripped")
+    return out, changes
 
 
 class AdaptedPool:

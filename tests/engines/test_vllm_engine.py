@@ -118,6 +118,24 @@ def test_deploy_drift_and_crash_against_a_standin(tmp_path):
     assert "CPU Generator does not use offset" in (run_dir / "server.log").read_text()
 
 
+def test_adapt_pool_strips_every_steps_requests(tmp_path):
+    settings = RunnerSettings(scrape_metrics_s=None, max_send_lag_p99_s=1.0)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    step = [_req(0), _req(1, tools=tools, tool_choice="auto", seed=3)]
+    for adapt, classes, counts in [(None, [None, UNSUPPORTED_FEATURE], None),
+                                   ({"strip_tools": True, "strip_sampling": ["seed"]}, [None, None],
+                                    {"tools_stripped": 1, "sampling_stripped": 1})]:
+        opts = {"launch_command": STANDIN, "startup_timeout_s": 60, **({"adapt_pool": adapt} if adapt else {})}
+        dep = make_engine(_spec(tmp_path, **opts), settings=settings).deploy({})
+        try:
+            out = dep.run_step(step, step_id="s", timeout_s=10)
+        finally:
+            dep.close()
+        assert [r.error_class for r in out.records] == classes
+        assert out.meta.get("request_adaptation") == counts
+    assert "tools" in step[1].body and step[1].body["seed"] == 3  # the caller's schedule is left as it was
+
+
 # ---------------------------------------------------------------- the real engine
 
 needs_real_engine = pytest.mark.skipif(

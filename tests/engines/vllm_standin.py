@@ -1,6 +1,6 @@
 """A stand-in for vLLM's OpenAI server (tests only): /health, /version, /server_info, /v1/models and
 streaming chat completions, whatever vLLM flags it is given (it always reports max_num_seqs 8
-as resolved); after ``--crash-after`` completions it logs the worker error vLLM's CPU
+as resolved), refusing tools as vLLM does without a tool parser; after ``--crash-after`` completions it logs the worker error vLLM's CPU
 backend was seen to die with and exits, as the real server does when its engine core dies."""
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ def main() -> None:
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if body.get("tools"):
+            return web.json_response({"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice '
+                                                           'and --tool-call-parser to be set', "code": 400}},
+                                     status=400)
         if served["n"] >= args.crash_after:
             print("(EngineCore pid=1) ERROR Traceback (most recent call last):", file=sys.stderr)
             print('  File "vllm/v1/worker/cpu_model_runner.py", line 1, in sample', file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from autoresearch_dagster.loadgen.schedule import build_schedule
-from autoresearch_dagster.pool.adapt import AdaptedPool, PoolLimits, limits_from_options
+from autoresearch_dagster.pool.adapt import AdaptedPool, PoolLimits, adapt_body, limits_from_options
 from autoresearch_dagster.spec import EndpointSpec, SpecError
 from tests.loadgen.helpers import FakePool, FakePoolRequest
 
@@ -44,6 +44,14 @@ def test_drop_trim_strip_are_counted():
     body = build_schedule(pool, [0.0, 1.0, 2.0], model="m", seed=0)
     assert all("tools" not in s.body and "tool_choice" not in s.body and "seed" not in s.body for s in body)
     assert [s.body["max_tokens"] for s in body] == [50, 80, 4]
+
+
+def test_adapt_body_strips_what_the_limits_name():
+    body = {"messages": [], "tools": TOOLS, "tool_choice": "auto", "seed": 1, "temperature": 0.2}
+    assert adapt_body(body, PoolLimits(strip_tools=True, strip_sampling=("seed",))) == (
+        {"messages": [], "temperature": 0.2}, ["tools_stripped", "sampling_stripped"])
+    assert adapt_body(body, PoolLimits()) == (body, [])
+    assert "tools" in body  # not modified in place
 
 
 def test_nothing_left_is_an_error():
