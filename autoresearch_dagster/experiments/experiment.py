@@ -470,15 +470,18 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
             return _close(ex, _confirm(ex, schedule[0], mode, want="better" if v.ratio_median > 1 else "worse"),
                           final=True)
         if promising and not settings.confirm and not stop:
-            # without a confirmation stage (a shared control's "better" is replicated by the promoted
-            # config's own noise floor), the runs a confirmation would add extend the comparison once
-            ext = schedule[-1] + schedule[0]
-            stop = ex.fill(ex.targets(ext), "experiment", run_mode)
-            if stop == "invalid":
-                res.invalid_reasons += ex.fatal()
-                return _finish(ex, "invalid", "runs cannot support a comparison")
-            ex.check_drift()
-            v = ex.verdict(f"n={ext} (one extension: promising at the run cap)") or v
+            # without a confirmation stage (a shared control's "better" is replicated by the promoted config's
+            # own noise floor), a comparison still promising at the cap gets runs in small steps, up to twice
+            # the cap, while it stays undecided and promising
+            for ext in stats.extension_schedule(schedule):
+                stop = ex.fill(ex.targets(ext), "experiment", run_mode)
+                if stop == "invalid":
+                    res.invalid_reasons += ex.fatal()
+                    return _finish(ex, "invalid", "runs cannot support a comparison")
+                ex.check_drift()
+                v = ex.verdict(f"n={ext} (extension: promising at the run cap)") or v
+                if stop or v.verdict != "undecided" or abs(v.ratio_median - 1) < v.margin:
+                    break
         if v.verdict == "undecided":
             v = stats.stop_undecided(v, stop or f"run cap of {v.n_candidate} per arm reached")
             ex.record("stopped", res.metric, v)

@@ -261,6 +261,15 @@ def run_schedule(budget: Budget | None = None) -> tuple[int, ...]:
     return tuple(out)
 
 
+def extension_schedule(schedule: Sequence[int]) -> tuple[int, ...]:
+    """Runs per arm past the cap for a comparison still promising there (|ratio - 1| >= margin, undecided) when
+    no confirmation stage follows: steps of the first stage's size up to twice the cap (20 -> 25, 30, 35, 40).
+    Measured on ``benchmarks/bench_verdicts.py --exact 0.05``: a true +-5% change at the demo's 3.1% run CV
+    reaches "better"/"worse" about 9 times in 10 this way, against under 8 in 10 stopping at the cap."""
+    first, cap = schedule[0], schedule[-1]
+    return tuple(range(cap + first, 2 * cap + 1, first))
+
+
 def next_stage(runs_per_arm: int, schedule: Sequence[int] | None = None) -> int | None:
     """Runs per arm for the next stage after an undecided verdict at ``runs_per_arm``; None at the cap."""
     for n in schedule or run_schedule():

@@ -79,7 +79,7 @@ def test_futility_never_stops_an_estimate_that_points_to_a_practical_loss():
     assert stats.not_better(flat)  # no gain in sight and no loss either: stop
 
 
-def test_a_promising_comparison_at_the_run_cap_is_extended_once_without_a_confirmation_stage(endpoint, pool):
+def test_a_promising_comparison_at_the_run_cap_is_extended_without_a_confirmation_stage(endpoint, pool):
     eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.12}), noise_cv=0.05)
     noise = _noise(endpoint, pool, eng)
     res = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng,
@@ -89,6 +89,8 @@ def test_a_promising_comparison_at_the_run_cap_is_extended_once_without_a_confir
     stages = [s["stage"] for s in res.stages]
     assert stages[0] == "n=3" and res.stages[0]["verdict"] == "undecided"
     assert abs(res.stages[0]["ratio_median"] - 1) >= res.stages[0]["margin"]  # promising at the cap
-    assert stages[1] == "n=6 (one extension: promising at the run cap)"
+    assert stats.extension_schedule((3,)) == (6,)  # steps of the first stage, up to twice the cap
+    assert stages[1] == "n=6 (extension: promising at the run cap)"
     assert len([r for r in res.runs if r.arm == "candidate"]) == 6
     assert res.verdict in ("better", "same") and len(stages) <= 3
+    assert stats.extension_schedule((5, 10, 20)) == (25, 30, 35, 40)
