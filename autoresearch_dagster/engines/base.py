@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import urllib.error
 import urllib.request
 from typing import Any, Protocol, runtime_checkable
@@ -116,3 +117,25 @@ def read_server_info(base_url: str, *, timeout: float) -> dict[str, Any]:
     if status != 200:
         raise EngineError(f"{base_url}/server_info answered HTTP {status}")
     return json.loads(body)
+
+
+def run_engine_parser(exe: str, script: str, argvs: list[list[str]], results: list[list[str] | None], *, engine: str,
+                      timeout_s: float, env: dict[str, str] | None = None) -> list[list[str]] | None:
+    """Run an engine's own argument parser (``script``, reading the argv lists as JSON on stdin and printing
+    ``{"installed": bool, "errors": [[...], ...]}`` last) under that engine's interpreter ``exe``, and merge
+    its errors into ``results``, where configs the knob table already rejected hold their error and the
+    others hold None (one argv each, in order). None when the engine is not installed there."""
+    try:
+        proc = subprocess.run([exe, "-c", script], input=json.dumps(argvs), capture_output=True, text=True,
+                              timeout=timeout_s, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"could not run {engine}'s argument parser with {exe}: {e}") from None
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    try:
+        out = json.loads(last)
+    except ValueError:
+        raise EngineError(f"{engine}'s argument parser crashed under {exe}: {proc.stderr.strip()[-500:]}") from None
+    if not out.get("installed"):
+        return None
+    parsed = iter(out["errors"])
+    return [r if r is not None else list(next(parsed)) for r in results]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import shlex
 import signal
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from autoresearch_dagster.engines.base import (
-    ConfigDriftError, EngineError, config_drift, http_request, read_server_info,
+    ConfigDriftError, EngineError, config_drift, http_request, read_server_info, run_engine_parser,
 )
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
 from autoresearch_dagster.outputs.files import write_json
@@ -119,20 +118,7 @@ def validate_configs_with_sglang_parser(configs: list[dict[str, Any]], model_pat
     exe = _sglang_python(python)
     if exe is None:
         return None
-    try:
-        proc = subprocess.run([exe, "-c", _PARSER_SCRIPT], input=json.dumps(argvs), capture_output=True, text=True,
-                              timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise EngineError(f"could not run SGLang's argument parser with {exe}: {e}") from None
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    try:
-        out = json.loads(last)
-    except ValueError:
-        raise EngineError(f"SGLang's argument parser crashed under {exe}: {proc.stderr.strip()[-500:]}") from None
-    if not out.get("installed"):
-        return None
-    parsed = iter(out["errors"])
-    return [r if r is not None else list(next(parsed)) for r in results]
+    return run_engine_parser(exe, _PARSER_SCRIPT, argvs, results, engine="SGLang", timeout_s=timeout_s)
 
 
 def sglang_argv(base: list[str], config: dict[str, Any], *, model_path: str, host: str, port: int, seed: int,

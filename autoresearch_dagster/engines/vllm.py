@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoresearch_dagster.engines.base import ConfigDriftError, EngineError, config_drift, http_request
+from autoresearch_dagster.engines.base import ConfigDriftError, EngineError, config_drift, http_request, run_engine_parser
 from autoresearch_dagster.engines.sglang import ServerProcess, free_port
 from autoresearch_dagster.loadgen.failures import CONTEXT_TOO_LONG, ENGINE_CRASH, UNSUPPORTED_FEATURE, tally
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
@@ -146,20 +146,7 @@ def validate_with_vllm_parser(configs: list[dict[str, Any]], model_path: str, *,
     exe = vllm_python(python)
     if exe is None:
         return None
-    try:
-        proc = subprocess.run([exe, "-c", _PARSER_SCRIPT], input=json.dumps(argvs), capture_output=True, text=True,
-                              timeout=timeout_s, env=env)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise EngineError(f"could not run vLLM's argument parser with {exe}: {e}") from None
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    try:
-        out = json.loads(last)
-    except ValueError:
-        raise EngineError(f"vLLM's argument parser crashed under {exe}: {proc.stderr.strip()[-500:]}") from None
-    if not out.get("installed"):
-        return None
-    parsed = iter(out["errors"])
-    return [r if r is not None else list(next(parsed)) for r in results]
+    return run_engine_parser(exe, _PARSER_SCRIPT, argvs, results, engine="vLLM", timeout_s=timeout_s, env=env)
 
 
 def resolved_config(vllm_config: dict[str, Any]) -> dict[str, Any]:
