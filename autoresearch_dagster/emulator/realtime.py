@@ -1,17 +1,26 @@
 """Owns the real-time driver: one asyncio task that runs an ``EngineCore`` against the wall clock.
 
-The core is time-agnostic; this driver gives it time. It asks ``step = core.next_step(now)``
-for every replica that is free, waits until the earliest ``step.start_s + step.duration_s`` on an
-absolute monotonic clock (relative sleeps would accumulate the event loop's lateness), then hands
-that step's events to per-request streams and asks again. With ``dp_size > 1`` several replicas'
-steps are in flight at once (a heap ordered by end time). With nothing to run it waits for
-``submit``, which also wakes it so an idle replica starts a new request at once.
+The core is time-agnostic; this driver gives it time. It asks ``step = core.next_step(t)`` for
+every replica that is free at ``t = core.next_free_s()``, waits until the earliest
+``step.start_s + step.duration_s`` or the next replica's free time on an absolute monotonic clock
+(relative sleeps would accumulate the event loop's lateness), then hands that step's events to
+per-request streams and asks again. With ``dp_size > 1`` several replicas' steps are in flight at
+once (a heap ordered by end time). With nothing to run it waits for ``submit``, which also wakes it
+so an idle replica starts a new request at once.
 
-Engine time is kept continuous while the emulated GPU is busy: after a step ends, the next one
-starts at that end (as a real scheduler loop would), not at the moment this event loop got round
-to it, so timer jitter does not accumulate into slower emulated steps. A request that arrives
-while the loop is late enters the core no later than the pending step's end. Only when the loop
-falls more than ``resync_s`` behind (a stalled process) does engine time jump to the wall clock.
+The driver reproduces what the virtual-time driver (``sim.simulate``) sees, mechanism for mechanism:
+a submitted request reaches the scheduler ``Efficiency.request_in_s`` after its arrival (the core's
+``ready`` time, which is the idle replica's ``next_free_s``, so the loop wakes for it), and each
+step's events reach their streams ``request_out_s`` after the step ends (the core's client-visible
+``first_s``/``token_times`` carry the same delay); the engine frees a finished request's slot at the
+step's end, as in virtual time.
+
+Engine time is kept continuous while the emulated GPU is busy: a replica's next step starts at its
+``busy_until`` (the previous step's end, or the moment a request reached the scheduler), not at the
+moment this event loop got round to it, so timer jitter does not accumulate into slower emulated
+steps. A request that arrives while the loop is late enters the core no later than the pending
+step's end. Only when the loop falls more than ``resync_s`` behind (a stalled process) does engine
+time jump to the wall clock.
 """
 from __future__ import annotations
 
@@ -70,7 +79,8 @@ class RealtimeDriver:
         self._streams: dict[str, TokenStream] = {}
         self._heap: list[tuple[float, int, Step]] = []  # steps in flight: (end, seq, step)
         self._seq = 0
-        self._new_arrival: float | None = None  # earliest arrival not yet seen by the scheduler
+        self._out_s = float(core.request_out_s)  # a token's way from its step to the client
+        self._outbox: list[tuple[float, int, list[TokenEvent]]] = []  # ended steps' events not yet at the client
         self._waiter: asyncio.Future | None = None
         self._idle: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -143,7 +153,6 @@ class RealtimeDriver:
         self._idle.clear()
         self.core.add_request(EmuRequest(rid=rid, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                                          block_hashes=block_hashes, block_tokens=block_tokens, arrival_s=t), t)
-        self._new_arrival = t if self._new_arrival is None else min(self._new_arrival, t)
         self._wake()
         return stream
 
@@ -163,48 +172,66 @@ class RealtimeDriver:
         if w is not None and not w.done():
             w.set_result(None)
 
-    def _schedule(self, t: float) -> None:
-        """Start a step on every replica that is free at engine time ``t``."""
-        core = self.core
+    def _advance(self, real: float) -> None:
+        """Bring the engine up to wall-clock engine time ``real``, in engine-time order: end every step due
+        by then (its events go to the outbox) and start a step on every replica free by then."""
+        core, heap = self.core, self._heap
         while True:
+            due = heap[0][0] if heap else None
             free = core.next_free_s()
-            if free is None or free > t:
+            if due is not None and due <= real and (free is None or due <= free):
+                end, seq, step = heapq.heappop(heap)
+                self.steps += 1
+                # events built at the step's end (the requests' state then), delivered request_out_s later
+                heapq.heappush(self._outbox, (end + self._out_s, seq, step.events))
+                self.core.pop_finished()  # kept for the virtual driver; nobody reads them here
+                if self.on_step is not None:
+                    self.on_step(step)
+                continue
+            if free is None or free > real:
                 return
-            step = core.next_step(t)
+            if real - free >= self.resync_s:
+                self.late_resyncs += 1
+                free = real
+            step = core.next_step(free)
             if step is None:
                 return
             self._seq += 1
-            heapq.heappush(self._heap, (step.start_s + step.duration_s, self._seq, step))
+            heapq.heappush(heap, (step.start_s + step.duration_s, self._seq, step))
+
+    def _next_wake(self) -> float | None:
+        """Engine time of the next thing to do: a step's end, a replica's free time or an outbox delivery."""
+        times = [self._heap[0][0]] if self._heap else []
+        free = self.core.next_free_s()
+        if free is not None:
+            times.append(free)
+        if self._outbox:
+            times.append(self._outbox[0][0])
+        return min(times) if times else None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        heap = self._heap
+        outbox = self._outbox
         try:
             while True:
                 real = self.now()
-                while heap and heap[0][0] <= real:
-                    end, _, step = heapq.heappop(heap)
-                    self._deliver(step, end)
-                    if real - end < self.resync_s:
-                        self._schedule(end)
-                    else:
-                        self.late_resyncs += 1
-                        self._schedule(real)
-                # an idle replica starts a new request from its arrival, not from when this loop woke
-                first_new, self._new_arrival = self._new_arrival, None
-                self._schedule(real if first_new is None else min(real, first_new))
+                self._advance(real)
+                while outbox and outbox[0][0] <= real:
+                    t, _, events = heapq.heappop(outbox)
+                    self._deliver(events, t)
                 self._waiter = loop.create_future()
-                if heap:
-                    remaining = heap[0][0] - self.now()
-                    if remaining <= 0:
-                        await asyncio.sleep(0)  # let handlers run while catching up
-                        continue
-                    # timers have ~1 ms granularity: the loop re-checks against the absolute deadline
-                    handle = loop.call_later(remaining, self._wake)
+                wake = self._next_wake()
+                if wake is None:
                     await self._waiter
-                    handle.cancel()
-                else:
-                    await self._waiter
+                    continue
+                remaining = wake - self.now()
+                if remaining <= 0:
+                    await asyncio.sleep(0)  # let handlers run while catching up
+                    continue
+                # timers have ~1 ms granularity: the loop re-checks against the absolute deadline
+                handle = loop.call_later(remaining, self._wake)
+                await self._waiter
+                handle.cancel()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the engine itself failed: fail every request, report unhealthy
@@ -215,18 +242,15 @@ class RealtimeDriver:
             self._streams.clear()
             self._idle.set()
 
-    def _deliver(self, step: Step, end: float) -> None:
-        self.steps += 1
+    def _deliver(self, events: list[TokenEvent], t: float) -> None:
+        """Hand a step's events to their streams at client time ``t`` (its end + ``request_out_s``)."""
         streams = self._streams
-        for ev in step.events:
+        for ev in events:
             s = streams.get(ev.rid)
             if s is None:
                 continue  # aborted by its client
-            s._push(end, ev)
+            s._push(t, ev)
             if ev.finished:
                 del streams[ev.rid]
         if not streams:
             self._idle.set()
-        self.core.pop_finished()  # the core keeps finished requests for the virtual driver; nobody reads them here
-        if self.on_step is not None:
-            self.on_step(step)

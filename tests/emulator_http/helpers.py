@@ -9,11 +9,15 @@ class ScriptedCore:
 
     Prefill steps take ``prefill_s`` and emit each waiting request's first token (with cached
     tokens = its leading blocks seen before); decode steps take ``decode_s`` and emit
-    ``tokens_per_step`` tokens to every running request. Used where exact timings are asserted.
+    ``tokens_per_step`` tokens to every running request. A request reaches an idle core's scheduler
+    ``request_in_s`` after it is added, and the driver delivers events ``request_out_s`` after their
+    step (``EngineCore``'s fixed per-request latency). Used where exact timings are asserted.
     """
 
-    def __init__(self, prefill_s=0.02, decode_s=0.01, tokens_per_step=1, radix=True):
+    def __init__(self, prefill_s=0.02, decode_s=0.01, tokens_per_step=1, radix=True, request_in_s=0.0,
+                 request_out_s=0.0):
         self.prefill_s, self.decode_s, self.tokens_per_step = prefill_s, decode_s, tokens_per_step
+        self.request_in_s, self.request_out_s = request_in_s, request_out_s
         self.radix = radix
         self.waiting, self.running = [], {}
         self.seen_blocks: set[int] = set()
@@ -28,7 +32,7 @@ class ScriptedCore:
     def add_request(self, req, now):
         self.added.append((req, now))
         if not self.waiting and not self.running:
-            self.busy_until = max(self.busy_until, now)
+            self.busy_until = max(self.busy_until, now + self.request_in_s)
         self.waiting.append(req)
 
     def next_free_s(self):

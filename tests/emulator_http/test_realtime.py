@@ -88,3 +88,30 @@ def test_engine_failure_fails_requests_and_reports_unhealthy():
 
     events, running = asyncio.run(go())
     assert "cost model bug" in events[-1][1].error and not running
+
+
+def test_fixed_request_latency_as_in_virtual_time():
+    """A request reaches an idle engine request_in_s after it arrives (the driver wakes for it, no other
+    arrival needed) and every event reaches its stream request_out_s after its step ends; the engine's
+    own timeline (steps back to back) is unchanged by the delivery delay."""
+    core = ScriptedCore(prefill_s=0.02, decode_s=0.01, request_in_s=0.03, request_out_s=0.015)
+
+    async def go():
+        d = RealtimeDriver(core)
+        await d.start()
+        await asyncio.sleep(0.02)
+        t0 = time.perf_counter()
+        s = d.submit("a", 10, 5, [], 64)
+        events = await _collect(s)
+        wall = time.perf_counter() - t0
+        await d.stop()
+        return s.arrival_s, events, wall
+
+    arrival, events, wall = asyncio.run(go())
+    assert core.now_calls[0] == pytest.approx(arrival + 0.03, abs=1e-9)  # prefill starts when it is ready
+    assert core.now_calls[1:] == pytest.approx([arrival + 0.03 + 0.02 + 0.01 * k for k in range(4)], abs=1e-9)
+    stamps = [t for t, _ in events]
+    first = arrival + 0.03 + 0.02 + 0.015
+    assert stamps[0] == pytest.approx(first, abs=1e-9)
+    assert stamps[-1] == pytest.approx(first + 4 * 0.01, abs=1e-9)
+    assert wall == pytest.approx(stamps[-1] - arrival, abs=0.02)  # delivered on the wall clock, not early
