@@ -57,6 +57,7 @@ from benchmarks.suite import SUITE, Bench  # noqa: E402
 from autoresearch_dagster.agents.search import TPE, SearchSpace, static_problem  # noqa: E402
 from autoresearch_dagster.campaign.loop import CampaignRunner, gate_key  # noqa: E402
 from autoresearch_dagster.campaign.state import CampaignSettings  # noqa: E402
+from autoresearch_dagster.emulator.cost import cost_model_fingerprint  # noqa: E402
 from autoresearch_dagster.emulator.noise import NoiseSettings  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
 from autoresearch_dagster.experiments.experiment import SharedControl, correctness_check, run_experiment  # noqa: E402
@@ -75,6 +76,24 @@ PROFILE = measurement_profile("standard").with_overrides(step_duration_s=40.0, m
 TOP_KNOBS = 6
 MAX_GRID = 300
 _W: dict = {}
+
+
+def truth_protocol() -> str:
+    """Key prefix of the true-capacity cache and of the finished runs: the capacity profile, the suite and the
+    emulator's cost model (version and default factors, ``cost.cost_model_fingerprint``), in any order and any
+    subset of the suite, so numbers computed under another of them are never read."""
+    return config_hash({"profile": str(PROFILE.capacity), "suite": [str(b) for b in SUITE],
+                        "cost_model": cost_model_fingerprint()})[:8]
+
+
+def load_truth_cache(path: Path, proto: str) -> tuple[dict[str, float | None], int]:
+    """The cache's entries under ``proto`` and how many stale ones (another protocol) were dropped: the next
+    write of the cache leaves them out."""
+    if not path.exists():
+        return {}, 0
+    entries = json.loads(path.read_text())
+    kept = {k: v for k, v in entries.items() if k.split(":", 1)[0] == proto}
+    return kept, len(entries) - len(kept)
 
 
 def _bench(name: str) -> Bench:
@@ -297,8 +316,9 @@ def main() -> int:
     ap.add_argument("--no-stop", action="store_true", help="run every method to its budget (no stop at the target)")
     ap.add_argument("--methods", default="offline,random,tpe", help="comma-separated subset of the methods")
     ap.add_argument("--cache", default=str(ROOT / "benchmarks" / "bench_search_truth.json"),
-                    help="JSON cache of true capacities, kept in the repository (entries are keyed by the suite and "
-                         "protocol, so a change to either recomputes them)")
+                    help="JSON cache of true capacities, kept in the repository (entries are keyed by the suite, the "
+                         "protocol and the emulator's cost model, so a change to any recomputes them; stale entries "
+                         "are dropped when the cache is rewritten)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_search.json"), help="every run's details")
     args = ap.parse_args()
     benches = [_bench(n) for n in args.benches.split(",")] if args.benches else list(SUITE)  # in the order given
@@ -308,8 +328,11 @@ def main() -> int:
           f"{args.offline_budget} (offline) / {args.budget} (random, TPE); load average {os.getloadavg()[0]:.2f}",
           flush=True)
     cache_path = Path(args.cache)
-    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
-    proto = config_hash({"profile": str(PROFILE.capacity), "suite": [str(b) for b in SUITE]})[:8]  # any order, any subset
+    proto = truth_protocol()
+    cache, stale = load_truth_cache(cache_path, proto)
+    if stale:
+        print(f"true-capacity cache: {stale} stale entries (another suite, profile or emulator cost model) ignored; "
+              "rebuilding them takes ~50 min of CPU (--truth-only fills the cache)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         pools = {b.name: str(b.pool(Path(tmp))) for b in benches}
         ctx = mp.get_context("fork")

@@ -43,6 +43,8 @@ weights and a large batch reads nearly all of them (why MoE decode is costlier p
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -108,6 +110,19 @@ class Efficiency:
 
 
 HIDDEN_SPREAD = 0.30
+
+# Bump when the cost model's mechanics change what a config costs (a new mechanism, a changed formula), so
+# results cached on emulator numbers (benchmarks/bench_search_truth.json) are recomputed, not reused.
+# 2: eb9b54c (overlap scheduler, CUDA-graph padding, per-request decode cost, fp8 rates, fixed request latency).
+COST_MODEL_VERSION = 2
+
+
+def cost_model_fingerprint() -> str:
+    """Short hash of what emulated numbers depend on besides the config: ``COST_MODEL_VERSION``, the default
+    ``Efficiency`` factors and the hidden factors' spread (emulated endpoints draw theirs around the defaults)."""
+    blob = json.dumps({"version": COST_MODEL_VERSION, "efficiency": asdict(Efficiency()),
+                       "hidden_spread": HIDDEN_SPREAD}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def hidden_efficiency(seed: int, spread: float = HIDDEN_SPREAD) -> Efficiency:
