@@ -46,3 +46,29 @@ def test_curve_points_read_load_steps_and_lake_rows():
     assert [p.rate_rps for p in pts] == [3.0, 5.0]
     assert pts[0].metrics["ttft_ms"]["p95"] == 300.0 and pts[0].metrics["tpot_ms"]["p50"] == 20.0
     assert pts[1].metrics["ttft_ms"] == {"p50": 150.0} and pts[1].duration_s == 30.0
+
+
+def test_every_efficiency_factor_has_fit_bounds_around_its_default():
+    from dataclasses import fields
+
+    from autoresearch_dagster.emulator.calibrate import BOUNDS, fittable
+
+    names = [f.name for f in fields(Efficiency)]
+    assert set(BOUNDS) == set(names) and list(fittable()) == names
+    for f in fields(Efficiency):
+        lo, hi = BOUNDS[f.name]
+        assert 0 < lo < f.default < hi, f"{f.name}: default {f.default} outside its bounds ({lo}, {hi})"
+        if not f.name.endswith("_s"):
+            assert hi <= 1.0, f"{f.name} is a fraction of peak"
+
+
+def test_calibration_fits_the_fixed_request_latency_by_name():
+    """A factor eb9b54c added is fittable by name: the frontend's fixed latency shows in TTFT at low load."""
+    ep = endpoint(model="llama-3.1-8b", gpu_name="H100", sla="ttft_p99<=5000ms,tpot_p99<=200ms")
+    p = pool(n=120, prompt_median=400, prompt_sigma=0.3, output_median=40, output_sigma=0.3, seed=3)
+    truth = Efficiency(request_in_s=0.025)
+    points = [CurvePoint(1.0, {}, duration_s=20.0, seed=0)]
+    measured = curve_points(predict(ep, {}, p, points, truth), duration_s=20.0)
+    res = calibrate(ep, {}, p, measured, params=("request_in_s",), metrics=(("ttft_ms", "p50"),), max_evals=20)
+    assert res.params["request_in_s"] == pytest.approx(0.025, rel=0.1)
+    assert res.initial_error["ttft_ms.p50"] > 0.2 > 0.02 > res.error["ttft_ms.p50"]
