@@ -114,4 +114,4 @@ def test_fixed_request_latency_as_in_virtual_time():
     first = arrival + 0.03 + 0.02 + 0.015
     assert stamps[0] == pytest.approx(first, abs=1e-9)
     assert stamps[-1] == pytest.approx(first + 4 * 0.01, abs=1e-9)
-    assert wall == pytest.approx(stamps[-1] - arrival, abs=0.02)  # delivered on the wall clock, not early
+    assert stamps[-1] - arrival - 0.002 <= wall <= stamps[-1] - arrival + 0.05  # on the wall clock, never early
