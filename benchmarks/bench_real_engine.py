@@ -5,9 +5,21 @@ through the ``vllm`` engine (``examples/real_engine/tiny-vllm-cpu.yaml``: server
 core 0), runs the capacity search (``measure.capacity.find_capacity``, the CLI's path) on the demo pool
 adapted to the endpoint, and prints one row: start-up seconds, capacity at the endpoint's SLA, whether
 the search is valid (and why not), TTFT/TPOT p99 at capacity, steps invalid on client send lag, and the
-failures by class. The rows are the measured side of the emulator-vs-vLLM table; the emulator side
-(a model card from the tiny Llama's config.json, a device spec for this CPU, calibration on the baseline
-curve) is not built yet, so no emulator figure is printed. Without ``make real-engine`` it says so and exits 0.
+failures by class. Beside each measured row, the emulator's prediction for the same config (issue 14):
+the tiny Llama's config.json as the model card, the catalog's ``CPU-SPR-2C`` device (this machine's 2
+cores, measured by benchmarks/bench_cpu_peak.py), the same pool, SLA and capacity protocol in virtual
+time, with the default efficiency factors and, with ``--calibration vN.json`` (``autoresearch emulator
+calibrate`` on the baseline's measured summary.json), with calibrated ones; then predicted vs measured and
+whether each config moves capacity the same way as measured (direction agreement vs the baseline).
+
+vLLM knobs mapped onto the emulator's (SGLang's) inputs: max_num_seqs -> max_running_requests,
+max_num_batched_tokens -> chunked_prefill_size, enable_prefix_caching=false -> disable_radix_cache,
+the engine option kv_cache_gb -> mem_fraction_static ((KV GiB + weights) / device memory, at least 0.05), and the
+model's 16384-token limit stays the card's. Not modelled (passed over, listed in the output): every other
+vLLM knob (e.g. block_size, enforce_eager, dtype beyond bf16) and the CPU backend's own costs (Python
+scheduler overhead per step, no CUDA graphs: the emulator is run with disable_cuda_graph). Without
+``make real-engine`` it says so and exits 0; ``--measured rows.json`` (an earlier ``--out``) prints the
+emulator column against those rows without starting vLLM.
 
     .venv/bin/python benchmarks/bench_real_engine.py --config max_num_seqs=8     # about 5 minutes per config
 """
@@ -23,7 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from autoresearch_dagster.emulator import calibrations  # noqa: E402
+from autoresearch_dagster.emulator.catalog import GiB, gpu  # noqa: E402
+from autoresearch_dagster.emulator.hf_config import load_card  # noqa: E402
 from autoresearch_dagster.engines import make_engine  # noqa: E402
+from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
 from autoresearch_dagster.engines.vllm import vllm_python  # noqa: E402
 from autoresearch_dagster.measure.capacity import find_capacity  # noqa: E402
 from autoresearch_dagster.measure.profiles import measurement_profile  # noqa: E402
@@ -33,6 +49,47 @@ from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
 from autoresearch_dagster.spec import load_endpoint, validate_server_config  # noqa: E402
 
 SPEC = ROOT / "examples" / "real_engine" / "tiny-vllm-cpu.yaml"
+CPU_DEVICE = "CPU-SPR-2C"
+# vLLM knob -> (emulator knob, value mapping)
+KNOB_MAP = {"max_num_seqs": ("max_running_requests", lambda v: v),
+            "max_num_batched_tokens": ("chunked_prefill_size", lambda v: v),
+            "enable_prefix_caching": ("disable_radix_cache", lambda v: not v)}
+HANDLED = set(KNOB_MAP) | {"max_model_len"}  # max_model_len: the card's own context limit
+
+
+def emulator_inputs(spec, vllm_config: dict, model_config_json: Path) -> tuple:
+    """(emulator endpoint spec, emulator server config, vLLM knobs not modelled) for one vLLM config."""
+    card = load_card(str(model_config_json))
+    dev = gpu(CPU_DEVICE)
+    cfg: dict = {"disable_cuda_graph": True}
+    for k, v in vllm_config.items():
+        if k in KNOB_MAP and v is not None:
+            name, f = KNOB_MAP[k]
+            cfg[name] = f(v)
+    kv_gib = float(spec.engine_options.get("kv_cache_gb", 4))
+    # at least the knob's floor (0.05 of 23 GiB: 1.15 GiB, a little more KV than 1 GiB; the tiny model's 2 KiB per
+    # token leaves the KV pool far from binding either way)
+    cfg["mem_fraction_static"] = max(0.05, round((kv_gib * GiB + card.weights_bytes(False)) / (dev.memory_gib * GiB), 6))
+    emu = spec.model_copy(update={"engine": "emulator", "model": str(model_config_json),
+                                  "hardware": spec.hardware.model_copy(update={"gpu": CPU_DEVICE}),
+                                  "server_config": validate_server_config(cfg), "engine_options": {}})
+    return emu, emu.server_config, sorted(k for k in vllm_config if k not in HANDLED)
+
+
+def predict(spec, vllm_config: dict, pool, settings, seed: int, model_config_json: Path, efficiency=None) -> dict:
+    """The emulator's capacity for ``vllm_config`` (virtual time, the CLI's capacity search)."""
+    emu, cfg, unmodelled = emulator_inputs(spec, vllm_config, model_config_json)
+    dep = EmulatorEngine(emu, efficiency=efficiency).deploy(cfg, seed=seed)
+    try:
+        res = find_capacity(dep, pool, emu.sla, gpus=emu.gpus, model=emu.model, settings=settings, seed=seed)
+    finally:
+        dep.close()
+    return {"capacity_rps": res.capacity_rps, "valid": res.valid, "emulator_config": cfg, "not_modelled": unmodelled}
+
+
+def direction(x: float, base: float, tol: float = 0.05) -> int:
+    """+1 / -1 when x is more than ``tol`` above / below base, else 0."""
+    return 0 if abs(x / base - 1) <= tol else (1 if x > base else -1)
 
 
 def parse_config(text: str) -> dict:
@@ -68,31 +125,65 @@ def main() -> int:
     ap.add_argument("--config", action="append", default=[], help="a vLLM config beside the endpoint's: K=V[,K=V]")
     ap.add_argument("--step-duration", type=float, default=20.0)
     ap.add_argument("--max-steps", type=int, default=8)
+    ap.add_argument("--start-rps", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--calibration", type=Path, help="a calibration file (v<N>.json) for the calibrated column")
+    ap.add_argument("--measured", type=Path, help="rows from an earlier --out: predict against them, start no vLLM")
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = ap.parse_args()
-    if vllm_python() is None or not (ROOT / ".real-engine" / "tiny-llama" / "config.json").exists():
+    model_json = ROOT / ".real-engine" / "tiny-llama" / "config.json"
+    if not model_json.exists() or (args.measured is None and vllm_python() is None):
         print("bench_real_engine: skipped, the real engine is not built (make real-engine)")
         return 0
     spec = load_endpoint(SPEC)
-    configs = [dict(spec.server_config)] + [{**spec.server_config, **parse_config(c)} for c in args.config]
+    if args.measured:
+        rows = json.loads(args.measured.read_text())
+        configs = [r["config"] for r in rows]
+    else:
+        rows = []
+        configs = [dict(spec.server_config)] + [{**spec.server_config, **parse_config(c)} for c in args.config]
+    calibrated = calibrations.load(args.calibration).to_efficiency() if args.calibration else None
     with tempfile.TemporaryDirectory() as tmp:
         build_pool(spec.log_paths(), spec.name, Path(tmp) / "pool",
                    tokenizer_path=str(ROOT / ".real-engine" / "tiny-llama" / "tokenizer.json"))  # the model's counts
         pool = AdaptedPool(read_pool(Path(tmp) / "pool"), limits_from_options(spec))
         print(pool.summary())
         settings = measurement_profile("standard").with_overrides(
-            step_duration_s=args.step_duration, min_completed=15, start_rps=0.5, max_steps=args.max_steps,
+            step_duration_s=args.step_duration, min_completed=15, start_rps=args.start_rps, max_steps=args.max_steps,
             warmup_s=5.0, request_timeout_s=60.0).capacity
-        rows = []
-        for cfg in configs:
-            rows.append(measure(spec, cfg, pool, settings, args.seed))
-            r = rows[-1]
+        for k, cfg in enumerate(configs):
+            if not args.measured:
+                rows.append(measure(spec, cfg, pool, settings, args.seed))
+            r = rows[k]
             print(f"{json.dumps(r['config']):60s} start {r['startup_s']:5.0f} s  capacity {r['capacity_rps']:.3g} req/s  "
                   f"{'valid' if r['valid'] else 'INVALID'}  ttft p99 {r['ttft_p99_ms'] or float('nan'):.0f} ms  "
                   f"tpot p99 {r['tpot_p99_ms'] or float('nan'):.0f} ms  lag-invalid steps {r['lag_invalid_steps']}/"
                   f"{r['steps']}  failures {r['failures'] or 'none'}", flush=True)
-    print(f"SLA {spec.sla}; emulator column: not built yet (no CPU device spec, no vLLM-to-emulator knob mapping)")
+            r["emulator_default"] = predict(spec, cfg, pool, settings, args.seed, model_json)
+            if calibrated is not None:
+                r["emulator_calibrated"] = predict(spec, cfg, pool, settings, args.seed, model_json, calibrated)
+    print(f"\nSLA {spec.sla}; emulator: {CPU_DEVICE}, card {model_json.relative_to(ROOT)}; "
+          f"not modelled: {sorted({k for r in rows for k in r['emulator_default']['not_modelled']}) or 'none'}")
+    cols = ["emulator_default"] + (["emulator_calibrated"] if calibrated is not None else [])
+    print(f"{'vLLM config':48s} {'measured':>9s} " + " ".join(f"{c.split('_')[1]:>10s}" for c in cols)
+          + "  direction vs baseline (measured / " + " / ".join(c.split("_")[1] for c in cols) + ")")
+    base = rows[0]
+    agree = {c: [0, 0] for c in cols}
+    for r in rows:
+        cfg = {k: v for k, v in r["config"].items() if base["config"].get(k) != v} or "baseline"
+        line = f"{json.dumps(cfg):48s} {r['capacity_rps']:9.3g} " + " ".join(f"{r[c]['capacity_rps']:10.3g}" for c in cols)
+        if r is not base and base["capacity_rps"] > 0:
+            m = direction(r["capacity_rps"], base["capacity_rps"])
+            ds = [direction(r[c]["capacity_rps"], base[c]["capacity_rps"]) if base[c]["capacity_rps"] > 0 else None
+                  for c in cols]
+            for c, d in zip(cols, ds):
+                agree[c][0] += d == m
+                agree[c][1] += 1
+            line += f"  {m:+d} / " + " / ".join("?" if d is None else f"{d:+d}" for d in ds)
+        print(line)
+    for c in cols:
+        if agree[c][1]:
+            print(f"direction agreement ({c.split('_')[1]} factors, 5% dead band): {agree[c][0]}/{agree[c][1]}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
     return 0
