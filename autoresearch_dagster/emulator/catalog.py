@@ -63,11 +63,12 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
             link_bw=32e9, link_latency_s=25e-6),
     # This machine's CPU as a device (issue 14, ground truth against vLLM on CPU): 2 cores of a Sapphire Rapids
     # Xeon (AMX bf16 tiles, AVX-512 bf16), measured with benchmarks/bench_cpu_peak.py (torch bf16 GEMM on 2
-    # threads: 0.783 TFLOP/s at n=2048, 0.796 at n=4096; a 1 GiB copy: 13.0-14.2 GB/s read+write; we record
-    # 0.79e12 and 13.5e9). Measured, not datasheet peaks: the cost model's efficiency factors then scale what
+    # threads on an idle machine: 2.04-2.12 TFLOP/s at n=2048 in three runs; a 1 GiB copy: 24.9-25.5 GB/s
+    # read+write; we record 2.07e12 and 25.2e9; a run beside the test suite gave 0.79 and 13.5, so measure
+    # it idle). Measured, not datasheet peaks: the cost model's efficiency factors then scale what
     # this machine actually reaches. No fp8 matmul units (fp8 weights run as weight-only). Memory: the
     # machine's 23 GiB RAM; a single device, so the link figures only matter for tp > 1 (shared memory).
-    GPUSpec("CPU-SPR-2C", bf16_flops=0.79e12, fp8_flops=0.79e12, hbm_bw=13.5e9, memory_gib=23.0,
+    GPUSpec("CPU-SPR-2C", bf16_flops=2.07e12, fp8_flops=2.07e12, hbm_bw=25.2e9, memory_gib=23.0,
             link_bw=10e9, link_latency_s=20e-6, has_fp8=False),
 ]}
 
