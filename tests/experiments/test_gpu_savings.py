@@ -18,7 +18,7 @@ from autoresearch_dagster.measure.shape import run_shape
 from autoresearch_dagster.results import open_lake
 from autoresearch_dagster.spec import Budget, EndpointSpec
 
-from ..loadgen.helpers import FakePool, FakePoolRequest
+from ..loadgen.helpers import burst_pool
 
 AUTO = {"min_replicas": 1, "max_replicas": 6, "metric": "in_flight", "target": 24, "decision_interval_s": 5,
         "cold_start_s": 10, "scale_down_cooldown_s": 20}
@@ -33,13 +33,6 @@ def _report(gpu_seconds: float, window_s: float = 100.0, **kw) -> dict:
             "scale_up_latency_median_s": 12.0, **kw}
 
 
-def _burst_pool(rate: float = 12.0, seed: int = 0) -> FakePool:
-    rng = np.random.default_rng(seed)
-    arr = np.sort(np.concatenate([rng.uniform(a, b, int((b - a) * r)) for a, b, r in
-                                  [(0, 30, 2), (30, 60, rate), (60, 150, 2)]]))
-    arr[0] = 0.0
-    return FakePool([FakePoolRequest(id=f"r{i}", arrival_s=float(a), messages=[{"role": "user", "content": "x"}],
-                                     prompt_tokens=2000, output_tokens=300) for i, a in enumerate(arr)])
 
 
 def _endpoint(count: int = 1, **auto) -> EndpointSpec:
@@ -70,7 +63,7 @@ def test_mean_gpus_held_is_the_gpu_seconds_weighted_mean():
 
 
 def test_capacity_per_gpu_of_an_autoscaled_fleet_divides_by_the_gpus_it_held():
-    pool = _burst_pool()
+    pool = burst_pool()
     fleet = _endpoint(count=2, target=8)
     dep = EmulatorEngine(fleet, noise=NoiseSettings.off()).deploy({})
     res = find_capacity(dep, pool, fleet.sla, gpus=fleet.gpus, model=fleet.model, settings=QUICK)
@@ -88,7 +81,7 @@ def test_capacity_per_gpu_of_an_autoscaled_fleet_divides_by_the_gpus_it_held():
 def test_shape_search_keeps_the_demand_replay_beside_the_replay_capacity():
     ep = _endpoint()
     dep = EmulatorEngine(ep, noise=NoiseSettings.off()).deploy({})
-    res = run_shape(dep, _burst_pool(rate=6.0), ep.sla, gpus=1, model=ep.model, search=True, interval_s=10.0,
+    res = run_shape(dep, burst_pool(rate=6.0), ep.sla, gpus=1, model=ep.model, search=True, interval_s=10.0,
                     max_steps=5, resolution=0.5)
     assert res.valid and res.demand_speedup == 1.0 and res.demand_autoscaling is not None
     assert res.steps[0].rate_rps == 1.0  # the search's first replay is the demand as logged
@@ -99,7 +92,7 @@ def test_shape_search_keeps_the_demand_replay_beside_the_replay_capacity():
 
 def test_an_autoscaled_run_replays_the_demand_and_links_its_lake_rows(tmp_path):
     ep = _endpoint()
-    pool = _burst_pool()
+    pool = burst_pool()
     eng = EmulatorEngine(ep, noise=NoiseSettings.off())
     settings = HarnessSettings(capacity=QUICK, warmup_requests=2, shape_interval_s=10.0)
     rec = execute_run(ep, CAPPED, pool, engine=eng, arm="candidate", run_index=0, seed=1, purpose="experiment",
@@ -132,7 +125,7 @@ def test_an_autoscaled_run_replays_the_demand_and_links_its_lake_rows(tmp_path):
 def test_an_experiment_on_an_autoscaled_endpoint_reports_gpus_saved(tmp_path):
     ep = _endpoint()
     lake = open_lake(tmp_path / "lake")
-    res = run_experiment(ep, CAPPED, UNCAPPED, _burst_pool(), engine=EmulatorEngine(ep), results=lake,
+    res = run_experiment(ep, CAPPED, UNCAPPED, burst_pool(), engine=EmulatorEngine(ep), results=lake,
                          settings=HarnessSettings(capacity=QUICK, warmup_requests=2, shape_interval_s=10.0,
                                                   confirm=False, mode="capacity"),
                          budget=Budget(initial_runs_per_arm=2, max_runs_per_arm=2), noise_cv=0.05)
@@ -154,7 +147,7 @@ def test_measure_savings_replays_both_configs_and_needs_an_autoscaled_endpoint(t
     ep = _endpoint()
     lake = open_lake(tmp_path / "lake")
     lines: list[str] = []
-    s = gpu_savings.measure_savings(ep, CAPPED, UNCAPPED, _burst_pool(), engine=EmulatorEngine(ep), runs=2,
+    s = gpu_savings.measure_savings(ep, CAPPED, UNCAPPED, burst_pool(), engine=EmulatorEngine(ep), runs=2,
                                     settings=HarnessSettings(warmup_requests=0, shape_interval_s=10.0,
                                                              capacity=QUICK),
                                     results=lake, campaign_id="c-9", progress=lines.append)
@@ -163,5 +156,5 @@ def test_measure_savings_replays_both_configs_and_needs_an_autoscaled_endpoint(t
     assert lake.query("SELECT count(*), min(campaign_id) FROM runs WHERE purpose = 'gpu_savings'") == [(4, "c-9")]
     assert json.loads(json.dumps(s))  # plain data (campaign.json, the review package)
     single = ep.model_copy(update={"autoscaling": None})
-    assert gpu_savings.measure_savings(single, CAPPED, UNCAPPED, _burst_pool(), engine=EmulatorEngine(single),
+    assert gpu_savings.measure_savings(single, CAPPED, UNCAPPED, burst_pool(), engine=EmulatorEngine(single),
                                        runs=2) is None

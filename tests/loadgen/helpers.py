@@ -260,3 +260,16 @@ def _main() -> None:
 
 if __name__ == "__main__":
     _main()
+
+
+def burst_pool(rate: float = 12.0, seed: int = 0) -> FakePool:
+    """150 s of 2 req/s with a 30 s burst at ``rate`` req/s from 30 s (2000-token prompts, 300-token outputs):
+    the demand curve the autoscaling tests replay."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arr = np.sort(np.concatenate([rng.uniform(a, b, int((b - a) * r)) for a, b, r in
+                                  [(0, 30, 2), (30, 60, rate), (60, 150, 2)]]))
+    arr[0] = 0.0
+    return FakePool([FakePoolRequest(id=f"r{i}", arrival_s=float(a), messages=[{"role": "user", "content": "x"}],
+                                     prompt_tokens=2000, output_tokens=300) for i, a in enumerate(arr)])

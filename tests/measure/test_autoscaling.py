@@ -19,7 +19,7 @@ from autoresearch_dagster.measure.shape import run_shape
 from autoresearch_dagster.results import open_lake
 from autoresearch_dagster.spec import SLA, EndpointSpec, SpecError, load_endpoint
 
-from ..loadgen.helpers import FakePool, FakePoolRequest, FaultServer
+from ..loadgen.helpers import FakePool, FakePoolRequest, burst_pool, FaultServer
 
 SLA_TIGHT = SLA.parse("ttft_p99<=1000ms")
 AUTO = {"min_replicas": 1, "max_replicas": 6, "metric": "in_flight", "target": 24, "decision_interval_s": 5,
@@ -60,13 +60,6 @@ def test_report_from_a_timeseries():
                               window_s=50.0, gpus_per_replica=1) is None
 
 
-def _burst_pool(rate: float) -> FakePool:
-    rng = np.random.default_rng(0)
-    arr = np.sort(np.concatenate([rng.uniform(a, b, int((b - a) * r)) for a, b, r in
-                                  [(0, 30, 2), (30, 60, rate), (60, 150, 2)]]))
-    arr[0] = 0.0
-    return FakePool([FakePoolRequest(id=f"r{i}", arrival_s=float(a), messages=[{"role": "user", "content": "x"}],
-                                     prompt_tokens=2000, output_tokens=300) for i, a in enumerate(arr)])
 
 
 def _endpoint(count: int = 1, **auto) -> EndpointSpec:
@@ -83,7 +76,7 @@ def _replay(ep: EndpointSpec, pool: FakePool, config: dict | None = None):
 
 def test_emulated_fleet_under_a_burst():
     ep = _endpoint(count=2)
-    res, dep = _replay(ep, _burst_pool(30.0))
+    res, dep = _replay(ep, burst_pool(30.0))
     a = res.autoscaling
     events = res.outcomes[0].meta["autoscaling_events"]
     first = events[0]
@@ -105,7 +98,7 @@ def test_emulated_fleet_under_a_burst():
 
 def test_candidate_with_more_capacity_per_replica_uses_fewer_gpu_seconds():
     ep = _endpoint()
-    pool = _burst_pool(12.0)
+    pool = burst_pool(12.0)
     base, _ = _replay(ep, pool, {"max_running_requests": 12})  # a replica admits 12 at a time: queues grow
     cand, _ = _replay(ep, pool, {})
     c = compare(base.autoscaling, cand.autoscaling)
@@ -200,7 +193,7 @@ def test_replay_shape_cli_reports_autoscaling_and_gpus_saved(tmp_path, capsys):
     from autoresearch_dagster.cli import main
     from autoresearch_dagster.pool.schema import PoolRequest, write_pool
 
-    pool = _burst_pool(12.0)
+    pool = burst_pool(12.0)
     rows = [PoolRequest(id=r.id, arrival_s=r.arrival_s, conversation_id=None, turn=None, api="chat",
                         messages=r.messages, prompt=None, tools=None, tool_choice=None, response_format=None,
                         sampling={}, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens, block_hashes=[],
