@@ -35,7 +35,7 @@ import sys
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autoresearch_dagster.engines.base import (
     ConfigDriftError, EngineError, config_drift, http_request, read_server_info, run_engine_parser,
@@ -165,6 +165,23 @@ class ServerProcess:
         except OSError:
             return ""
 
+    def wait_healthy(self, base_url: str, timeout_s: float, *, name: str = "the server", health_timeout_s: float = 25,
+                     poll_s: float = 0.25, ready: Callable[[], bool] | None = None,
+                     exit_log: Callable[[], str] | None = None) -> None:
+        """Poll ``/health`` until it answers 200 (and ``ready()``, when given, is true); EngineError with the log's
+        tail (``exit_log()`` when the process exited, if given) when the process dies or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                raise EngineError(f"{name} exited with code {self.proc.returncode} before becoming healthy; "
+                                  f"log {self.log_path}:\n{exit_log() if exit_log else self.log_tail()}")
+            if http_request(base_url + "/health", timeout=health_timeout_s)[0] == 200 and (ready is None or ready()):
+                return
+            if time.monotonic() > deadline:
+                raise EngineError(f"{name} did not become healthy within {timeout_s:g} s; "
+                                  f"log {self.log_path}:\n{self.log_tail()}")
+            time.sleep(poll_s)
+
     def stop(self) -> int | None:
         """Stop the whole process group; returns the server's exit code."""
         if self._finalizer.alive:
@@ -272,7 +289,9 @@ class SGLangEngine:
         proc = ServerProcess(argv, env=self._env(), log_path=run_dir / "server.log", grace_s=self.stop_grace_s)
         base_url = f"http://{self.host}:{port}"
         try:
-            self._wait_healthy(proc, base_url)
+            # /ready is newer than /health; older servers lack it (404)
+            proc.wait_healthy(base_url, self.startup_timeout_s,
+                              ready=lambda: http_request(base_url + "/ready", timeout=10)[0] in (200, 404))
             info = read_server_info(base_url, timeout=30)
             write_json(run_dir / "server_info.json", info, sort_keys=True)
             drift = config_drift(config, info)
@@ -285,22 +304,6 @@ class SGLangEngine:
             proc.stop()
             raise
         return dep
-
-    def _wait_healthy(self, proc: ServerProcess, base_url: str) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            if not proc.alive():
-                raise EngineError(f"the server exited with code {proc.proc.returncode} before becoming healthy; "
-                                  f"log {proc.log_path}:\n{proc.log_tail()}")
-            status, _ = http_request(base_url + "/health", timeout=25)
-            if status == 200:
-                ready, _ = http_request(base_url + "/ready", timeout=10)
-                if ready in (200, 404):  # /ready is newer than /health; older servers lack it
-                    return
-            if time.monotonic() > deadline:
-                raise EngineError(f"the server did not become healthy within {self.startup_timeout_s:g} s; "
-                                  f"log {proc.log_path}:\n{proc.log_tail()}")
-            time.sleep(0.25)
 
     def version(self) -> str:
         """The version the last deployment reported, else the installed sglang package's, else 'unknown'."""

@@ -366,7 +366,8 @@ class VllmEngine:
         base_url = f"http://{self.host}:{port}"
         restore = None
         try:
-            self._wait_healthy(proc, base_url)
+            proc.wait_healthy(base_url, self.startup_timeout_s, name="the vLLM server", health_timeout_s=10, poll_s=0.5,
+                              exit_log=lambda: _crash_excerpt(proc.log_tail(400_000)))
             info = self._server_info(base_url)
             write_json(run_dir / "server_info.json", info, sort_keys=True)
             drift = config_drift(config, info, "vllm")
@@ -396,19 +397,6 @@ class VllmEngine:
         vllm_config = json.loads(body).get("vllm_config") or {}
         return {"version": str(version), "engine": "vllm", "server_args": resolved_config(vllm_config),
                 "vllm_config": vllm_config}
-
-    def _wait_healthy(self, proc: ServerProcess, base_url: str) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            if not proc.alive():
-                raise EngineError(f"the vLLM server exited with code {proc.proc.returncode} before becoming healthy; "
-                                  f"log {proc.log_path}:\n{_crash_excerpt(proc.log_tail(400_000))}")
-            if http_request(base_url + "/health", timeout=10)[0] == 200:
-                return
-            if time.monotonic() > deadline:
-                raise EngineError(f"the vLLM server did not become healthy within {self.startup_timeout_s:g} s; "
-                                  f"log {proc.log_path}:\n{proc.log_tail()}")
-            time.sleep(0.5)
 
     def version(self) -> str:
         """The version the last deployment reported, else the installed vllm package's, else 'unknown'."""
