@@ -12,12 +12,8 @@ time, with the default efficiency factors and, with ``--calibration vN.json`` (`
 calibrate`` on the baseline's measured summary.json), with calibrated ones; then predicted vs measured and
 whether each config moves capacity the same way as measured (direction agreement vs the baseline).
 
-vLLM knobs mapped onto the emulator's (SGLang's) inputs: max_num_seqs -> max_running_requests,
-max_num_batched_tokens -> chunked_prefill_size, enable_prefix_caching=false -> disable_radix_cache,
-the engine option kv_cache_gb -> mem_fraction_static ((KV GiB + weights) / device memory, at least 0.05), and the
-model's 16384-token limit stays the card's. Not modelled (passed over, listed in the output): every other
-vLLM knob (e.g. block_size, enforce_eager, dtype beyond bf16) and the CPU backend's own costs (Python
-scheduler overhead per step, no CUDA graphs: the emulator is run with disable_cuda_graph). Without
+vLLM knobs are mapped onto the emulator's (SGLang's) inputs by ``emulator.engine_view`` (the mapping the
+campaign's surrogate uses; its docstring lists what maps to what and what is not modelled). Without
 ``make real-engine`` it says so and exits 0; ``--measured rows.json`` (an earlier ``--out``) prints the
 emulator column against those rows without starting vLLM.
 
@@ -27,8 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,8 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoresearch_dagster.emulator import calibrations  # noqa: E402
-from autoresearch_dagster.emulator.catalog import GiB, gpu  # noqa: E402
-from autoresearch_dagster.emulator.hf_config import load_card  # noqa: E402
+from autoresearch_dagster.emulator.engine_view import emulator_view  # noqa: E402
 from autoresearch_dagster.engines import make_engine  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
 from autoresearch_dagster.engines.vllm import vllm_python  # noqa: E402
@@ -46,45 +42,23 @@ from autoresearch_dagster.measure.profiles import measurement_profile  # noqa: E
 from autoresearch_dagster.pool.adapt import AdaptedPool, limits_from_options  # noqa: E402
 from autoresearch_dagster.pool.build import build_pool  # noqa: E402
 from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
-from autoresearch_dagster.spec import load_endpoint, validate_server_config  # noqa: E402
+from autoresearch_dagster.spec import config_hash, load_endpoint, validate_server_config  # noqa: E402
 
 SPEC = ROOT / "examples" / "real_engine" / "tiny-vllm-cpu.yaml"
-CPU_DEVICE = "CPU-SPR-2C"
-# vLLM knob -> (emulator knob, value mapping)
-KNOB_MAP = {"max_num_seqs": ("max_running_requests", lambda v: v),
-            "max_num_batched_tokens": ("chunked_prefill_size", lambda v: v),
-            "enable_prefix_caching": ("disable_radix_cache", lambda v: not v)}
-HANDLED = set(KNOB_MAP) | {"max_model_len"}  # max_model_len: the card's own context limit
 
 
-def emulator_inputs(spec, vllm_config: dict, model_config_json: Path) -> tuple:
-    """(emulator endpoint spec, emulator server config, vLLM knobs not modelled) for one vLLM config."""
-    card = load_card(str(model_config_json))
-    dev = gpu(CPU_DEVICE)
-    cfg: dict = {"disable_cuda_graph": True}
-    for k, v in vllm_config.items():
-        if k in KNOB_MAP and v is not None:
-            name, f = KNOB_MAP[k]
-            cfg[name] = f(v)
-    kv_gib = float(spec.engine_options.get("kv_cache_gb", 4))
-    # at least the knob's floor (0.05 of 23 GiB: 1.15 GiB, a little more KV than 1 GiB; the tiny model's 2 KiB per
-    # token leaves the KV pool far from binding either way)
-    cfg["mem_fraction_static"] = max(0.05, round((kv_gib * GiB + card.weights_bytes(False)) / (dev.memory_gib * GiB), 6))
-    emu = spec.model_copy(update={"engine": "emulator", "model": str(model_config_json),
-                                  "hardware": spec.hardware.model_copy(update={"gpu": CPU_DEVICE}),
-                                  "server_config": validate_server_config(cfg), "engine_options": {}})
-    return emu, emu.server_config, sorted(k for k in vllm_config if k not in HANDLED)
-
-
-def predict(spec, vllm_config: dict, pool, settings, seed: int, model_config_json: Path, efficiency=None) -> dict:
-    """The emulator's capacity for ``vllm_config`` (virtual time, the CLI's capacity search)."""
-    emu, cfg, unmodelled = emulator_inputs(spec, vllm_config, model_config_json)
-    dep = EmulatorEngine(emu, efficiency=efficiency).deploy(cfg, seed=seed)
+def predict(spec, vllm_config: dict, pool, settings, seed: int, efficiency=None) -> dict:
+    """The emulator's capacity for ``vllm_config`` (its view of the vLLM endpoint, virtual time, the CLI's
+    capacity search)."""
+    view = emulator_view(spec, vllm_config)
+    dep = EmulatorEngine(view.endpoint, efficiency=efficiency).deploy(view.config, seed=seed)
     try:
-        res = find_capacity(dep, pool, emu.sla, gpus=emu.gpus, model=emu.model, settings=settings, seed=seed)
+        res = find_capacity(dep, pool, view.endpoint.sla, gpus=view.endpoint.gpus, model=view.endpoint.model,
+                            settings=settings, seed=seed)
     finally:
         dep.close()
-    return {"capacity_rps": res.capacity_rps, "valid": res.valid, "emulator_config": cfg, "not_modelled": unmodelled}
+    return {"capacity_rps": res.capacity_rps, "valid": res.valid, "emulator_config": view.config,
+            "not_modelled": view.not_modelled}
 
 
 def direction(x: float, base: float, tol: float = 0.05) -> int:
@@ -100,12 +74,13 @@ def parse_config(text: str) -> dict:
     return validate_server_config(out, "vllm")
 
 
-def measure(spec, config: dict, pool, settings, seed: int) -> dict:
+def measure(spec, config: dict, pool, settings, seed: int, out_dir: Path | None = None) -> dict:
     t0 = time.monotonic()
     dep = make_engine(spec).deploy(config, seed=seed)
     startup = time.monotonic() - t0
     try:
         res = find_capacity(dep, pool, spec.sla, gpus=spec.gpus, model=dep.served_model(), settings=settings, seed=seed)
+        info = dep.server_info() or {}
     finally:
         dep.close()
     at = [st for st in res.steps if st.passed and abs(st.rate_rps - res.capacity_rps) < 1e-9]
@@ -113,11 +88,20 @@ def measure(spec, config: dict, pool, settings, seed: int) -> dict:
     for o in res.outcomes:
         for cls, f in (o.meta.get("failures") or {}).items():
             failures[cls] = failures.get(cls, 0) + f["count"]
-    return {"config": config, "startup_s": startup, "capacity_rps": res.capacity_rps, "valid": res.valid,
-            "invalid_reasons": res.invalid_reasons, "ttft_p99_ms": at[-1].ttft_ms["p99"] if at else None,
-            "tpot_p99_ms": at[-1].tpot_ms["p99"] if at else None, "steps": len(res.steps),
-            "lag_invalid_steps": sum(1 for st in res.steps if any("send lag" in r for r in st.invalid_reasons)),
-            "failures": failures}
+    row = {"config": config, "startup_s": startup, "capacity_rps": res.capacity_rps,
+           "capacity_interp_rps": res.capacity_interp_rps, "valid": res.valid,
+           "invalid_reasons": res.invalid_reasons, "ttft_p99_ms": at[-1].ttft_ms["p99"] if at else None,
+           "tpot_p99_ms": at[-1].tpot_ms["p99"] if at else None, "steps": len(res.steps),
+           "lag_invalid_steps": sum(1 for st in res.steps if any("send lag" in r for r in st.invalid_reasons)),
+           "failures": failures, "engine_version": info.get("version")}
+    if out_dir is not None:  # the capacity layout `autoresearch emulator calibrate --measured` reads
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").write_text(json.dumps(
+            {**res.to_dict(), "pool": str(pool.path), "pool_hash": pool.content_hash, "engine": "vllm",
+             "engine_version": info.get("version"), "server_config": config, "target": str(SPEC)},
+            indent=1, default=str) + "\n")
+        row["summary"] = str(out_dir / "summary.json")
+    return row
 
 
 def main() -> int:
@@ -130,7 +114,14 @@ def main() -> int:
     ap.add_argument("--calibration", type=Path, help="a calibration file (v<N>.json) for the calibrated column")
     ap.add_argument("--measured", type=Path, help="rows from an earlier --out: predict against them, start no vLLM")
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
+    ap.add_argument("--work", type=Path, default=ROOT / "out" / "real-engine",
+                    help="the replay pool (built once, the tiny Llama's token counts) and each measured config's "
+                         "summary.json (runs/TIME-HASH/, what `autoresearch emulator calibrate --measured` reads); "
+                         "default out/real-engine")
     args = ap.parse_args()
+    # a SIGTERM unwinds (SystemExit) so the deployment's close() stops vLLM's process group; Python's default
+    # would exit at once and leave the server running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model_json = ROOT / ".real-engine" / "tiny-llama" / "config.json"
     if not model_json.exists() or (args.measured is None and vllm_python() is None):
         print("bench_real_engine: skipped, the real engine is not built (make real-engine)")
@@ -143,32 +134,35 @@ def main() -> int:
         rows = []
         configs = [dict(spec.server_config)] + [{**spec.server_config, **parse_config(c)} for c in args.config]
     calibrated = calibrations.load(args.calibration).to_efficiency() if args.calibration else None
-    with tempfile.TemporaryDirectory() as tmp:
-        build_pool(spec.log_paths(), spec.name, Path(tmp) / "pool",
-                   tokenizer_path=str(ROOT / ".real-engine" / "tiny-llama" / "tokenizer.json"))  # the model's counts
-        pool = AdaptedPool(read_pool(Path(tmp) / "pool"), limits_from_options(spec))
-        print(pool.summary())
-        settings = measurement_profile("standard").with_overrides(
-            step_duration_s=args.step_duration, min_completed=15, start_rps=args.start_rps, max_steps=args.max_steps,
-            warmup_s=5.0, request_timeout_s=60.0).capacity
-        for k, cfg in enumerate(configs):
-            if not args.measured:
-                rows.append(measure(spec, cfg, pool, settings, args.seed))
-            r = rows[k]
-            print(f"{json.dumps(r['config']):60s} start {r['startup_s']:5.0f} s  capacity {r['capacity_rps']:.3g} req/s  "
-                  f"{'valid' if r['valid'] else 'INVALID'}  ttft p99 {r['ttft_p99_ms'] or float('nan'):.0f} ms  "
-                  f"tpot p99 {r['tpot_p99_ms'] or float('nan'):.0f} ms  lag-invalid steps {r['lag_invalid_steps']}/"
-                  f"{r['steps']}  failures {r['failures'] or 'none'}", flush=True)
-            r["emulator_default"] = predict(spec, cfg, pool, settings, args.seed, model_json)
-            if calibrated is not None:
-                r["emulator_calibrated"] = predict(spec, cfg, pool, settings, args.seed, model_json, calibrated)
-    print(f"\nSLA {spec.sla}; emulator: {CPU_DEVICE}, card {model_json.relative_to(ROOT)}; "
+    pool_dir = args.work / "pool"
+    if not (pool_dir / "replay_pool.parquet").exists():  # token counts by the served model's own tokenizer
+        build_pool(spec.log_paths(), spec.name, pool_dir,
+                   tokenizer_path=str(ROOT / ".real-engine" / "tiny-llama" / "tokenizer.json"))
+    pool = AdaptedPool(read_pool(pool_dir), limits_from_options(spec))
+    print(pool.summary())
+    settings = measurement_profile("standard").with_overrides(
+        step_duration_s=args.step_duration, min_completed=15, start_rps=args.start_rps, max_steps=args.max_steps,
+        warmup_s=5.0, request_timeout_s=60.0).capacity
+    for k, cfg in enumerate(configs):
+        if not args.measured:
+            rows.append(measure(spec, cfg, pool, settings, args.seed,
+                                args.work / "runs" / f"{time.strftime('%Y%m%dT%H%M%S')}-{config_hash(cfg)}"))
+        r = rows[k]
+        print(f"{json.dumps(r['config']):60s} start {r['startup_s']:5.0f} s  capacity {r['capacity_rps']:.3g} req/s  "
+              f"{'valid' if r['valid'] else 'INVALID'}  ttft p99 {r['ttft_p99_ms'] or float('nan'):.0f} ms  "
+              f"tpot p99 {r['tpot_p99_ms'] or float('nan'):.0f} ms  lag-invalid steps {r['lag_invalid_steps']}/"
+              f"{r['steps']}  failures {r['failures'] or 'none'}", flush=True)
+        r["emulator_default"] = predict(spec, cfg, pool, settings, args.seed)
+        if calibrated is not None:
+            r["emulator_calibrated"] = predict(spec, cfg, pool, settings, args.seed, calibrated)
+    print(f"\nSLA {spec.sla}; emulator: {emulator_view(spec, {}).endpoint.hardware.gpu}, card {model_json.relative_to(ROOT)}; "
           f"not modelled: {sorted({k for r in rows for k in r['emulator_default']['not_modelled']}) or 'none'}")
     cols = ["emulator_default"] + (["emulator_calibrated"] if calibrated is not None else [])
     print(f"{'vLLM config':48s} {'measured':>9s} " + " ".join(f"{c.split('_')[1]:>10s}" for c in cols)
           + "  direction vs baseline (measured / " + " / ".join(c.split("_")[1] for c in cols) + ")")
     base = rows[0]
     agree = {c: [0, 0] for c in cols}
+    errors: dict[str, list[float]] = {c: [] for c in cols}
     for r in rows:
         cfg = {k: v for k, v in r["config"].items() if base["config"].get(k) != v} or "baseline"
         line = f"{json.dumps(cfg):48s} {r['capacity_rps']:9.3g} " + " ".join(f"{r[c]['capacity_rps']:10.3g}" for c in cols)
@@ -179,11 +173,17 @@ def main() -> int:
             for c, d in zip(cols, ds):
                 agree[c][0] += d == m
                 agree[c][1] += 1
+                if r["capacity_rps"] > 0:
+                    errors[c].append(r[c]["capacity_rps"] / r["capacity_rps"] - 1)
             line += f"  {m:+d} / " + " / ".join("?" if d is None else f"{d:+d}" for d in ds)
         print(line)
     for c in cols:
         if agree[c][1]:
             print(f"direction agreement ({c.split('_')[1]} factors, 5% dead band): {agree[c][0]}/{agree[c][1]}")
+        if errors[c]:
+            e = sorted(abs(x) for x in errors[c])
+            print(f"capacity error ({c.split('_')[1]} factors, the {len(e)} configs other than the baseline): median "
+                  f"{statistics.median(e):.1%}, worst {e[-1]:.1%} (" + ", ".join(f"{x:+.0%}" for x in errors[c]) + ")")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
     return 0

@@ -26,7 +26,8 @@ import numpy as np
 
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.experiments.parallel import map_calls
-from autoresearch_dagster.spec import EndpointSpec, config_hash
+from autoresearch_dagster.emulator.engine_view import emulator_view
+from autoresearch_dagster.spec import EndpointSpec, SpecError, config_hash
 
 Z = {0.5: 0.674, 0.8: 1.2816, 0.9: 1.645, 0.95: 1.96}
 
@@ -50,15 +51,16 @@ class SurrogatePoint:
 
 
 def _evaluate(endpoint_json: str, pool_path: str, config: dict[str, Any], efficiency: Efficiency,
-              capacity: Any, seed: int) -> dict[str, Any]:
-    """One surrogate point (module level: runs on the worker processes)."""
+              capacity: Any, seed: int, key: str | None = None) -> dict[str, Any]:
+    """One surrogate point (module level: runs on the worker processes); ``key``: the hash it is cached
+    under (the endpoint engine's config, when ``config`` is the emulator's view of it)."""
     from autoresearch_dagster.engines.emulator import VirtualDeployment
     from autoresearch_dagster.emulator.noise import NoiseSettings
     from autoresearch_dagster.experiments.parallel import _worker_pool
     from autoresearch_dagster.measure.capacity import find_capacity
 
     endpoint = EndpointSpec.model_validate_json(endpoint_json)
-    h = config_hash(config)
+    h = key or config_hash(config)
     try:
         dep = VirtualDeployment(endpoint, config, seed=seed, noise=NoiseSettings.off(), efficiency=efficiency,
                                 sample_interval_s=0)
@@ -95,6 +97,10 @@ class Surrogate:
         self.cache: dict[str, SurrogatePoint] = {}
         self.evaluations = 0
         self.calibration: dict[str, Any] | None = None
+        # the efficiency factors a calibration fits (None: default_params, what a GPU load curve pins); a
+        # CPU engine's curve is set by its per-step and per-request costs (engine_options.calibrate_params)
+        params = endpoint.engine_options.get("calibrate_params")
+        self.params: tuple[str, ...] | None = tuple(params) if params else None
 
     @property
     def model_id(self) -> str:
@@ -110,8 +116,15 @@ class Surrogate:
             if h not in self.cache and h not in todo:
                 todo[h] = c
         if todo:
-            args = [(self.endpoint.model_dump_json(), str(self.pool.path), c, self.efficiency, self.capacity,
-                     self.seed) for c in todo.values()]
+            args = []
+            for h, c in todo.items():
+                try:  # the emulator's view of the endpoint's engine (vLLM knobs -> the emulator's: engine_view)
+                    view = emulator_view(self.endpoint, c)
+                except SpecError as e:
+                    self.cache[h] = SurrogatePoint(h, False, reason=f"not emulated: {e}"[:300])
+                    continue
+                args.append((view.endpoint.model_dump_json(), str(self.pool.path), view.config, self.efficiency,
+                             self.capacity, self.seed, h))
             for d in map_calls(_evaluate, args, workers=self.workers):
                 self.cache[d["config_hash"]] = SurrogatePoint(**d)
             self.evaluations += len(todo)
@@ -133,7 +146,8 @@ class Surrogate:
         config); keeps the fit only if it lowers the error."""
         from autoresearch_dagster.emulator.calibrate import calibrate, default_params
 
-        res = calibrate(self.endpoint, config, self.pool, points, params=default_params(self.endpoint.model),
+        view = emulator_view(self.endpoint, config)
+        res = calibrate(self.endpoint, config, self.pool, points, params=self.params or default_params(view.endpoint.model),
                         start=self.efficiency,
                         metrics=(("ttft_ms", "p50"), ("tpot_ms", "p50"), ("itl_ms", "p50")), max_evals=max_evals,
                         request_timeout_s=self.capacity.request_timeout_s)

@@ -78,7 +78,12 @@ def _params(args: argparse.Namespace, endpoint: Any) -> tuple[str, ...]:
     from autoresearch_dagster.emulator.calibrate import default_params, fittable
 
     if not args.params:
-        return default_params(endpoint.model)
+        own = endpoint.engine_options.get("calibrate_params")  # what this endpoint's curve pins (e.g. a CPU engine)
+        if own:
+            return tuple(own)
+        from autoresearch_dagster.emulator.engine_view import emulator_view
+
+        return default_params(emulator_view(endpoint, {}).endpoint.model)
     params = tuple(p.strip() for p in args.params.split(",") if p.strip())
     unknown = [p for p in params if p not in fittable()]
     if not params or unknown:
@@ -105,7 +110,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     params = _params(args, endpoint)
     curve = read_measured(args.measured)
     config = validate_server_config(load_server_config(args.config) if args.config
-                                    else curve.config if curve.config is not None else endpoint.server_config)
+                                    else curve.config if curve.config is not None else endpoint.server_config,
+                                    endpoint.engine)
     steps = below_knee(curve.steps, fraction=args.below_knee)
     points = curve_points(steps)
     if len(points) < 2:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from autoresearch_dagster.emulator.catalog import gpu, model_card
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore, emulator_version
 from autoresearch_dagster.emulator.cost import Efficiency, endpoint_efficiency
+from autoresearch_dagster.emulator.engine_view import emulator_view
 from autoresearch_dagster.emulator.fleet import simulate_fleet
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.profile import write_profile
@@ -44,8 +45,11 @@ class VirtualDeployment:
     def __init__(self, endpoint: EndpointSpec, config: dict[str, Any], *, seed: int = 0,
                  noise: NoiseSettings | None = None, efficiency: Efficiency | None = None,
                  sample_interval_s: float = 1.0):
+        # an endpoint of another engine (vLLM) runs as the emulator's mapping of it (emulator.engine_view)
+        view = emulator_view(endpoint, config)
+        endpoint = view.endpoint
         self.endpoint = endpoint
-        self.config = validate_server_config(config)
+        self.config = view.config
         self.core = EngineCore(model_card(endpoint.model), gpu(endpoint.hardware.gpu), endpoint.gpus, self.config,
                                seed=seed, noise=noise, efficiency=efficiency)
         self.seed, self.noise, self.efficiency = seed, noise, efficiency

@@ -42,6 +42,8 @@ requests as ``engine_crash`` with the log excerpt in ``meta["engine_crash"]``; l
   validate           run vLLM's parser before launching (default: true unless launch_command is set)
   adapt_pool         {strip_tools, strip_sampling, max_model_len, margin}: see ``pool.adapt``
   api_key_env, workers
+  emulator_device    the catalog device the emulator models this endpoint on (``emulator.engine_view``)
+  calibrate_params   the efficiency factors a campaign's calibration fits (``agents.surrogate``)
 """
 from __future__ import annotations
 

@@ -36,18 +36,3 @@ def test_tiny_llama_on_cpu_is_priced_slower_than_on_h100(tmp_path):
     assert t["CPU-SPR-2C"] > 10 * t["H100"]
     # a decode step of 8 requests reads the weights once: at least weights / bandwidth on the CPU
     assert t["CPU-SPR-2C"] >= card.param_bytes(False) / cpu.hbm_bw * 0.5
-
-
-def test_bench_real_engine_maps_vllm_knobs_onto_the_emulator(tmp_path):
-    from benchmarks import bench_real_engine as b
-    from autoresearch_dagster.spec import load_endpoint
-    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    spec = load_endpoint(b.SPEC)  # the vLLM endpoint spec only; nothing is started
-    emu, cfg, unmodelled = b.emulator_inputs(
-        spec, {"max_num_seqs": 4, "max_num_batched_tokens": 512, "enable_prefix_caching": False,
-               "max_model_len": 16384, "block_size": 16}, tmp_path / "config.json")
-    assert emu.engine == "emulator" and emu.hardware.gpu == "CPU-SPR-2C" and emu.sla == spec.sla
-    assert cfg["max_running_requests"] == 4 and cfg["chunked_prefill_size"] == 512
-    assert cfg["disable_radix_cache"] is True and cfg["disable_cuda_graph"] is True
-    assert unmodelled == ["block_size"]
-    assert b.direction(1.2, 1.0) == 1 and b.direction(0.8, 1.0) == -1 and b.direction(1.03, 1.0) == 0

@@ -1,0 +1,116 @@
+"""Owns how the emulator sees an endpoint whose engine it does not model natively (vLLM).
+
+The emulator models an SGLang server: its inputs are SGLang's knobs, a catalog device and a model card.
+``emulator_view(endpoint, config)`` turns any endpoint and server config into those inputs, so that one
+surrogate, one calibration and one pre-screen serve every engine. SGLang-flavoured endpoints (emulator,
+sglang, modal, external) pass through unchanged. A vLLM endpoint is mapped:
+
+- model: the served model directory's ``config.json`` (``engine_options.model_path``, else ``model``;
+  relative to the spec file), read as a model card (``emulator.hf_config``);
+- device: ``engine_options.emulator_device`` (a catalog name, e.g. ``CPU-SPR-2C`` for this machine's two
+  cores, measured by benchmarks/bench_cpu_peak.py), else ``hardware.gpu`` when the catalog has it;
+- knobs, each to what the emulator implements of the same mechanism:
+  max_num_seqs -> max_running_requests; max_num_batched_tokens -> chunked_prefill_size (vLLM V1's token
+  budget per step, prefill chunks and decodes together: hence ``enable_mixed_chunk``); enable_chunked_prefill
+  false -> chunked_prefill_size -1; enable_prefix_caching false -> disable_radix_cache; block_size ->
+  page_size; kv_cache_dtype fp8* -> the same fp8 format; enforce_eager -> disable_cuda_graph (always on a
+  CPU device: the CPU backend captures no graphs); stream_interval as is; tensor_parallel_size -> tp_size;
+  the engine option ``kv_cache_gb`` (vLLM's CPU KV space) -> mem_fraction_static ((KV GiB + weights) /
+  device memory, at least the knob's floor 0.05);
+- defaults the two engines do not share: where the config leaves them unset, vLLM 0.32's CPU defaults as
+  its /server_info reports them here (max_num_seqs 128, max_num_batched_tokens 2048) on a CPU device;
+  on a GPU device the emulator's (SGLang's) defaults stay, which is a known approximation;
+- not modelled, listed in ``EmulatorView.not_modelled``: long_prefill_token_threshold, dtype,
+  scheduling_policy (priority without per-request priorities is fcfs), max_model_len (the card's own
+  context limit applies). The CPU backend's own costs (a Python scheduler step, no graphs) are what the
+  efficiency factors ``step_overhead_s``/``per_req_overhead_s`` stand for, fitted by calibration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoresearch_dagster.spec import EndpointSpec, SpecError, validate_server_config
+
+# vLLM 0.32.0's resolved defaults on the CPU backend (/server_info of the tiny Llama here: max_num_seqs 128,
+# max_num_batched_tokens 2048, block_size 128)
+VLLM_CPU_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": 128}
+NOT_MODELLED = ("long_prefill_token_threshold", "dtype", "scheduling_policy", "max_model_len")
+
+
+@dataclass(frozen=True)
+class EmulatorView:
+    endpoint: EndpointSpec  # engine "emulator": catalog device, model card (a name or a config.json path)
+    config: dict[str, Any]  # SGLang's knobs, as the emulator reads them
+    not_modelled: list[str] = field(default_factory=list)  # the endpoint engine's knobs passed over
+
+
+def is_cpu_device(name: str) -> bool:
+    return name.upper().startswith("CPU-")
+
+
+def model_config_path(endpoint: EndpointSpec) -> Path:
+    """The config.json of a vLLM endpoint's served model directory (absolute)."""
+    raw = Path(str(endpoint.engine_options.get("model_path") or endpoint.model)).expanduser()
+    if not raw.is_absolute() and endpoint.source_path:
+        raw = Path(endpoint.source_path).parent / raw
+    path = raw if raw.name.endswith(".json") else raw / "config.json"
+    if not path.is_file():
+        raise SpecError(f"endpoint {endpoint.name!r}: the emulator needs the model's config.json, {path} is not there "
+                        "(set engine_options.model_path to the model directory)")
+    return path.resolve()
+
+
+def emulator_device(endpoint: EndpointSpec) -> str:
+    from autoresearch_dagster.emulator.catalog import GPUS
+
+    name = str(endpoint.engine_options.get("emulator_device") or endpoint.hardware.gpu)
+    if name not in GPUS:
+        raise SpecError(f"endpoint {endpoint.name!r}: no catalog device {name!r} to emulate it on; set "
+                        f"engine_options.emulator_device to one of {', '.join(sorted(GPUS))}")
+    return name
+
+
+def emulator_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorView:
+    """The emulator's endpoint and SGLang config for ``config`` on ``endpoint`` (see the module docstring)."""
+    if endpoint.engine != "vllm":
+        return EmulatorView(endpoint, validate_server_config(config), [])
+    return _vllm_view(endpoint, validate_server_config(config, "vllm"))
+
+
+def _vllm_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorView:
+    from autoresearch_dagster.emulator.catalog import GiB, gpu
+    from autoresearch_dagster.emulator.hf_config import load_card
+
+    model = model_config_path(endpoint)
+    device = emulator_device(endpoint)
+    dev, card = gpu(device), load_card(str(model))
+    cpu = is_cpu_device(device)
+    c = {**(VLLM_CPU_DEFAULTS if cpu else {}), **{k: v for k, v in config.items() if v is not None}}
+    out: dict[str, Any] = {"enable_mixed_chunk": True}
+    if "max_num_seqs" in c:
+        out["max_running_requests"] = c["max_num_seqs"]
+    if c.get("enable_chunked_prefill") is False:
+        out["chunked_prefill_size"] = -1
+    elif "max_num_batched_tokens" in c:
+        out["chunked_prefill_size"] = c["max_num_batched_tokens"]
+    if c.get("enable_prefix_caching") is False:
+        out["disable_radix_cache"] = True
+    if "block_size" in c:
+        out["page_size"] = min(int(c["block_size"]), 256)
+    if str(c.get("kv_cache_dtype", "auto")).startswith("fp8"):
+        out["kv_cache_dtype"] = "fp8_e5m2" if c["kv_cache_dtype"] == "fp8_e5m2" else "fp8_e4m3"
+    if cpu or c.get("enforce_eager"):
+        out["disable_cuda_graph"] = True
+    if "stream_interval" in c:
+        out["stream_interval"] = c["stream_interval"]
+    if int(c.get("tensor_parallel_size") or 1) > 1:
+        out["tp_size"] = int(c["tensor_parallel_size"])
+    if "kv_cache_gb" in endpoint.engine_options:
+        kv = float(endpoint.engine_options["kv_cache_gb"]) * GiB
+        out["mem_fraction_static"] = min(0.99, max(0.05, round((kv + card.weights_bytes(False)) / (dev.memory_gib * GiB), 6)))
+    emu = endpoint.model_copy(update={"engine": "emulator", "model": str(model),
+                                      "hardware": endpoint.hardware.model_copy(update={"gpu": device}),
+                                      "server_config": validate_server_config(out), "engine_options": {}})
+    return EmulatorView(emu, emu.server_config, sorted(k for k in config if k in NOT_MODELLED))
