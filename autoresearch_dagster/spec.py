@@ -260,6 +260,15 @@ def knobs_for(engine: str = "sglang") -> dict[str, Knob]:
     return KNOBS_BY_ENGINE[knob_table(engine)]
 
 
+def table_of(*configs: dict[str, Any], engine: str | None = None) -> dict[str, Knob]:
+    """``engine``'s knob table, or without one the table that has every knob the configs set (SGLang's first:
+    the tables share a few names, with the same defaults)."""
+    if engine is not None:
+        return knobs_for(engine)
+    keys = {k for c in configs for k in c}
+    return next((t for t in KNOBS_BY_ENGINE.values() if keys <= set(t)), KNOBS)
+
+
 def knob(name: str, engine: str = "sglang") -> Knob:
     table = knobs_for(engine)
     try:

@@ -28,7 +28,8 @@ from pydantic import ConfigDict, ValidationError, create_model
 
 from autoresearch_dagster.agents.guardrails import Guardrails, check
 from autoresearch_dagster.agents.proposal import DIRECTION_NAMES, Proposal, ResearchBrief, Session
-from autoresearch_dagster.spec import KNOBS, config_hash
+from autoresearch_dagster.agents.tools import ENGINE_NAMES
+from autoresearch_dagster.spec import config_hash, knob_table, knobs_for
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,13 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     return walk(schema)
 
 
-def submit_schema() -> dict[str, Any]:
+def submit_schema(engine: str = "sglang") -> dict[str, Any]:
     """The ``input_schema`` of ``submit_proposals``: ``Submission.model_json_schema()`` with its references
-    inlined and the knob names of ``spec.KNOBS`` as the enum of ``knob``."""
+    inlined and the knob names of the engine's table (``spec.knobs_for``) as the enum of ``knob``."""
     schema = _inline_refs(Submission.model_json_schema())
     item = schema["properties"]["proposals"]["items"]
     knob = item["properties"]["intervention"]["properties"]["changes"]["items"]["properties"]["knob"]
-    knob["enum"] = list(KNOBS)
+    knob["enum"] = list(knobs_for(engine))
     schema["properties"]["proposals"]["description"] = (
         "the proposals of this session, most promising first; every item is checked against the proposal "
         "schema and the guardrails, and errors come back as the tool result")
@@ -79,20 +80,20 @@ def submit_schema() -> dict[str, Any]:
 SUBMIT_SCHEMA = submit_schema()
 
 
-def submit_tool_spec() -> dict[str, Any]:
+def submit_tool_spec(engine: str = "sglang") -> dict[str, Any]:
     return {"name": SUBMIT_TOOL, "description": (
         "Submit this session's proposals (your final answer). Each proposal is one testable idea in four parts: "
         "explanation (what limits performance, citing the evidence you read), intervention (knob changes "
-        "against the working baseline, SGLang's own knob names), prediction (the capacity ratio "
+        f"against the working baseline, {ENGINE_NAMES[knob_table(engine)]}'s own knob names), prediction (the capacity ratio "
         "candidate/baseline with an interval containing it, and the latency term that should move) and "
         "falsification (the outcome that would show the explanation wrong). Invalid proposals come back as an "
         "error listing what to fix; valid ones are kept. An empty list means: nothing worth testing."),
-        "input_schema": copy.deepcopy(SUBMIT_SCHEMA)}
+        "input_schema": copy.deepcopy(SUBMIT_SCHEMA) if knob_table(engine) == "sglang" else submit_schema(engine)}
 
 
-def _knob_lines() -> str:
+def _knob_lines(engine: str = "sglang") -> str:
     lines = []
-    for k in KNOBS.values():
+    for k in knobs_for(engine).values():
         rng = (f"one of {list(k.choices)}" if k.choices else
                f"{k.low:g}..{k.high:g}" if k.low is not None and k.high is not None else k.type.__name__)
         lines.append(f"- {k.name} ({k.type.__name__}, {rng}, default {k.default!r}, {k.direction})")
@@ -100,7 +101,9 @@ def _knob_lines() -> str:
 
 
 def system_prompt(guardrails: Guardrails) -> str:
-    return f"""You are a senior inference engineer researching one direction for an SGLang serving endpoint. \
+    engine = ENGINE_NAMES[knob_table(guardrails.engine)]
+    field_names = "SGLang ServerArgs" if engine == "SGLang" else "vLLM EngineArgs"
+    return f"""You are a senior inference engineer researching one direction for an {engine} serving endpoint. \
 A research campaign tunes the endpoint's server config to raise its capacity (the highest request rate that \
 still meets the SLA). You are given one research direction and one question; you propose experiments that \
 the campaign's harness will run against the working baseline. You never run anything yourself.
@@ -111,7 +114,7 @@ history, memory of earlier campaigns, knob reference) before you propose.
 2. Answer by calling {SUBMIT_TOOL} once with your proposals (at most the brief's max_proposals).
 
 Rules for every proposal:
-- Change only knobs listed in the knob reference below (SGLang ServerArgs field names), with values of the \
+- Change only knobs listed in the knob reference below ({field_names} field names), with values of the \
 allowed type and range; or describe an engine patch. Changes are against the working baseline config.
 - Give a numeric prediction: the median capacity ratio candidate/baseline with an interval \
 [ratio_low, ratio_high] that contains it, the coverage it claims, and the latency term that should move.
@@ -126,7 +129,7 @@ Guardrails (a proposal that breaks them is refused):
 {json.dumps(guardrails.describe(), indent=1, default=str)}
 
 Knob reference (name, type, allowed values, default, direction):
-{_knob_lines()}
+{_knob_lines(guardrails.engine)}
 """
 
 
@@ -255,7 +258,7 @@ class ClaudeProposer:
         trace = session.trace
         read_tools = {t.name: t for t in (tools.tools() if tools is not None else [])}
         read_tools.pop(SUBMIT_TOOL, None)
-        tool_specs = [t.spec() for t in read_tools.values()] + [submit_tool_spec()]
+        tool_specs = [t.spec() for t in read_tools.values()] + [submit_tool_spec(self.guardrails.engine)]
         system = system_prompt(self.guardrails)
         trace["system"] = system
         trace["tools"] = tool_specs

@@ -22,14 +22,15 @@ from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, Intervention,
 from autoresearch_dagster.agents.recipes import Recipe, load_recipes, resolve_move
 from autoresearch_dagster.agents.search import SearchSpace, normalize, search, static_problem
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
-from autoresearch_dagster.spec import config_hash, knobs_for
+from autoresearch_dagster.spec import config_hash, knob_table, knobs_for, table_of
 
 
-def diff(base: dict[str, Any], config: dict[str, Any], engine: str = "sglang") -> dict[str, Any]:
+def diff(base: dict[str, Any], config: dict[str, Any], engine: str | None = None) -> dict[str, Any]:
     """Knobs whose value differs between two configs: an unset knob counts as its default (None: the
-    server resolves it)."""
+    server resolves it). ``engine`` names the knob table; None: the table that has every knob of both configs
+    (SGLang's first; the tables share only a few names, with the same defaults)."""
     keys = set(base) | set(config)
-    t = knobs_for(engine)
+    t = table_of(base, config, engine=engine)
     return {k: config.get(k, t[k].default) for k in sorted(keys, key=list(t).index)
             if t[k].canonical(config.get(k, t[k].default)) != t[k].canonical(base.get(k, t[k].default))}
 
@@ -53,7 +54,8 @@ class Predictor:
                 out.append({"feasible": False, "reason": p.reason or "no capacity at the SLA on the surrogate"})
                 continue
             raw = p.capacity_rps / b.capacity_rps
-            ratio, lo, hi, basis = self.corrector.predict(list(diff(base, cfg)), raw, confidence=confidence)
+            ratio, lo, hi, basis = self.corrector.predict(list(diff(base, cfg, self.surrogate.endpoint.engine)), raw,
+                                                       confidence=confidence)
             lat_b, lat_c = b.latency_at(latency_metric, b.capacity_rps), p.latency_at(latency_metric, b.capacity_rps)
             change = (lat_c / lat_b - 1.0) if lat_b and lat_c else None
             out.append({"feasible": True, "raw_ratio": raw, "ratio": ratio, "low": lo, "high": hi, "basis": basis,
@@ -86,7 +88,8 @@ class OfflineProposer:
 
     def _recipes(self, brief: ResearchBrief) -> list[tuple[Recipe, float]]:
         scores = {h.get("bottleneck"): float(h.get("score") or 0.0) for h in brief.hypotheses}
-        mine = [r for r in self.recipes if r.direction == brief.direction and brief.gpus >= r.min_gpus]
+        mine = [r for r in self.recipes if r.direction == brief.direction and brief.gpus >= r.min_gpus
+                and r.engine == knob_table(brief.engine)]
         return sorted(((r, r.relevance(scores)) for r in mine), key=lambda x: (-x[1], x[0].name))
 
     def propose(self, brief: ResearchBrief, tools: Any = None) -> Session:

@@ -45,7 +45,7 @@ from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, DIRECTIONS, I
                                                   ResearchBrief, Session, fails_gate, new_lossy, stakes_too_much)
 from autoresearch_dagster.agents.search import normalize, static_problem
 from autoresearch_dagster.outputs.files import json_safe, write_json
-from autoresearch_dagster.spec import KNOBS, config_hash
+from autoresearch_dagster.spec import KNOBS_BY_ENGINE, config_hash
 
 EXPLORE_BONUS = 0.05
 FACTORIAL = "factorial"  # the pair of the two best directions the model sees no added gain in: a free slot's use
@@ -322,7 +322,8 @@ def control_groups(delta: dict[str, Any]) -> dict[str, list[str]]:
     control: its own experiment compared it with the baseline."""
     out: dict[str, list[str]] = {}
     for k in delta:
-        out.setdefault(KNOBS[k].direction if k in KNOBS else "other", []).append(k)
+        table = next((t for t in KNOBS_BY_ENGINE.values() if k in t), None)
+        out.setdefault(table[k].direction if table else "other", []).append(k)
     return out
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from autoresearch_dagster.spec import KNOBS, KNOBS_BY_ENGINE, VLLM_KNOBS, SpecError, config_hash, knobs_for
+from autoresearch_dagster.spec import KNOBS, KNOBS_BY_ENGINE, VLLM_KNOBS, SpecError, config_hash, knobs_for, table_of
 
 DIRECTIONS = ("scheduling_cache", "speculative", "kernels_quant", "parallel_admission")
 DIRECTION_NAMES = {"scheduling_cache": "scheduling & cache", "speculative": "speculative decoding",
@@ -203,9 +203,10 @@ class Session:
     trace_path: str | None = None
 
 
-def lossy_settings(config: dict[str, Any], engine: str = "sglang") -> list[str]:
-    """The config's lossy settings as ``knob=value`` (canonical values, the engine's knob table)."""
-    table = knobs_for(engine)
+def lossy_settings(config: dict[str, Any], engine: str | None = None) -> list[str]:
+    """The config's lossy settings as ``knob=value`` (canonical values, the engine's knob table; None: the
+    table that has the config's knobs, ``spec.table_of``)."""
+    table = table_of(config, engine=engine)
     return sorted(f"{k}={table[k].canonical(v)}" for k, v in config.items() if table[k].meaning(v).lossy)
 
 

@@ -4,8 +4,10 @@ A recipe (``agents/recipes/*.yaml``, extendable with more directories like the p
 the research direction it belongs to, the bottlenecks it addresses (``diagnose.hypotheses``), an
 explanation, a falsification, the latency term it should move, and its moves. A move is one
 candidate: knob -> value, where a value may also be relative to the knob's resolved baseline value:
-``next_up`` / ``next_down`` (the neighbouring search value in ``spec.KNOBS``), ``double`` / ``half``
+``next_up`` / ``next_down`` (the neighbouring search value in the knob table), ``double`` / ``half``
 (clamped to the knob's bounds). ``requires: {min_gpus: N}`` skips a recipe on smaller deployments.
+``engine: vllm`` makes a recipe's knobs vLLM's (``spec.VLLM_KNOBS``); without it they are SGLang's, and a
+recipe serves only endpoints whose engine reads its table (``spec.knob_table``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import yaml
 
 from autoresearch_dagster.agents.proposal import DIRECTIONS
 from autoresearch_dagster.diagnose.hypotheses import BOTTLENECKS
-from autoresearch_dagster.spec import KNOBS, SpecError
+from autoresearch_dagster.spec import KNOBS_BY_ENGINE, SpecError, knobs_for
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 RELATIVE = ("next_up", "next_down", "double", "half")
@@ -35,6 +37,7 @@ class Recipe:
     latency_sign: int = -1
     min_gpus: int = 1
     path: str = ""
+    engine: str = "sglang"  # the knob table its moves use (KNOBS_BY_ENGINE)
 
     def relevance(self, scores: dict[str, float]) -> float:
         """How strongly the diagnosis points at this recipe: its best-scored addressed bottleneck."""
@@ -65,6 +68,10 @@ def _parse(path: Path) -> Recipe:
         raise SpecError(f"recipe {path}: missing {', '.join(missing)}")
     if d["direction"] not in DIRECTIONS:
         raise SpecError(f"recipe {path}: direction {d['direction']!r} is not one of {', '.join(DIRECTIONS)}")
+    engine = str(d.get("engine", "sglang"))
+    if engine not in KNOBS_BY_ENGINE:
+        raise SpecError(f"recipe {path}: engine {engine!r} is not one of {', '.join(KNOBS_BY_ENGINE)}")
+    table = KNOBS_BY_ENGINE[engine]
     unknown = [b for b in d["addresses"] if b not in BOTTLENECKS]
     if unknown:
         raise SpecError(f"recipe {path}: unknown bottlenecks {unknown}; known: {', '.join(BOTTLENECKS)}")
@@ -72,16 +79,16 @@ def _parse(path: Path) -> Recipe:
         if not isinstance(move, dict) or not move:
             raise SpecError(f"recipe {path}: each move is a non-empty mapping of knob -> value")
         for k, v in move.items():
-            if k not in KNOBS:
-                raise SpecError(f"recipe {path}: unknown knob {k!r}")
+            if k not in table:
+                raise SpecError(f"recipe {path}: unknown {engine} knob {k!r}")
             if not (isinstance(v, str) and v in RELATIVE):
-                KNOBS[k].validate(v)
+                table[k].validate(v)
     lat = d.get("latency") or {}
     return Recipe(name=str(d["name"]), direction=d["direction"], addresses=tuple(d["addresses"]),
                   explanation=" ".join(str(d["explanation"]).split()),
                   falsification=" ".join(str(d["falsification"]).split()), moves=tuple(d["moves"]),
                   latency_metric=str(lat.get("metric", "tpot")), latency_sign=int(lat.get("sign", -1)),
-                  min_gpus=int((d.get("requires") or {}).get("min_gpus", 1)), path=str(path))
+                  min_gpus=int((d.get("requires") or {}).get("min_gpus", 1)), path=str(path), engine=engine)
 
 
 def load_recipes(extra_dirs: list[str | Path] | None = None) -> list[Recipe]:
@@ -96,9 +103,9 @@ def load_recipes(extra_dirs: list[str | Path] | None = None) -> list[Recipe]:
     return list(out.values())
 
 
-def relative_value(name: str, op: str, current: Any) -> Any:
+def relative_value(name: str, op: str, current: Any, engine: str = "sglang") -> Any:
     """The value ``op`` gives for knob ``name`` from its resolved ``current`` value (None: no such value)."""
-    k = KNOBS[name]
+    k = knobs_for(engine)[name]
     if op in ("double", "half"):
         if not isinstance(current, (int, float)) or isinstance(current, bool) or current <= 0:
             return None
@@ -124,16 +131,17 @@ def resolve_move(recipe: Recipe, index: int, resolved: dict[str, Any]) -> Move |
     """The move's knob changes against the resolved baseline values; None when a relative step has no
     value left to take or the move changes nothing."""
     move = recipe.moves[index]
+    table = KNOBS_BY_ENGINE[recipe.engine]
     delta: dict[str, Any] = {}
     notes: list[str] = []
     for name, v in move.items():
-        current = resolved.get(name, KNOBS[name].default)
+        current = resolved.get(name, table[name].default)
         if isinstance(v, str) and v in RELATIVE:
-            nv = relative_value(name, v, current)
+            nv = relative_value(name, v, current, recipe.engine)
             if nv is None:
                 return None
             notes.append(f"{name}: {v} of {current} -> {nv}")
             v = nv
-        if KNOBS[name].canonical(v) != KNOBS[name].canonical(current):
+        if table[name].canonical(v) != table[name].canonical(current):
             delta[name] = v
     return Move(recipe, index, delta, notes) if delta else None

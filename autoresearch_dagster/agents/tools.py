@@ -3,7 +3,7 @@
 Each tool has a name, a description, a JSON schema for its input and a pure function over data the
 orchestrator gathered before the round (the diagnostic report and its plots' data, the profile
 breakdown, the baseline's load curve, memory queries, this campaign's experiment history, the SGLang
-knob reference from ``spec.KNOBS``). No tool runs a command, reads a path the session names or
+knob reference from the endpoint engine's table, ``spec.knobs_for``). No tool runs a command, reads a path the session names or
 writes anything: what a session reads from logs or memory is data, and its answers can only be
 proposals, which the guardrails check.
 """
@@ -13,15 +13,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autoresearch_dagster.spec import KNOBS
+from autoresearch_dagster.spec import knob_table, knobs_for
+
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}  # by knob table (spec.knob_table)
 
 MAX_RESULT_CHARS = 20_000
 
 
-def knob_reference(direction: str | None = None) -> list[dict[str, Any]]:
-    """Every tunable knob (SGLang's own names) with type, bounds, choices, lossy values and trade-off."""
+def knob_reference(direction: str | None = None, engine: str = "sglang") -> list[dict[str, Any]]:
+    """Every tunable knob of ``engine`` (its own names: SGLang's ServerArgs or vLLM's EngineArgs) with type,
+    bounds, choices, lossy values and trade-off."""
     out = []
-    for k in KNOBS.values():
+    for k in knobs_for(engine).values():
         if direction and k.direction != direction:
             continue
         out.append({"knob": k.name, "flag": k.flag, "type": k.type.__name__, "default": k.default,
@@ -50,6 +53,7 @@ class ToolBox:
     load_curve: list[dict[str, Any]] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     memory_query: Callable[[str | None], list[dict[str, Any]]] | None = None
+    engine: str = "sglang"  # the endpoint's engine: whose knobs the reference lists
 
     def tools(self) -> list[Tool]:
         obj = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -70,11 +74,12 @@ class ToolBox:
                  {"type": "object", "properties": {"knob": {"type": "string", "description": "only techniques "
                                                             "that change this knob"}}, "additionalProperties": False},
                  lambda knob=None: self.memory_query(knob) if self.memory_query else []),
-            Tool("get_knob_reference", "SGLang server knobs this campaign may change: type, bounds, choices, lossy "
-                 "values, the research direction and the trade-off of each. Optional filter: a direction.",
+            Tool("get_knob_reference", f"{ENGINE_NAMES.get(knob_table(self.engine))} server knobs this campaign may "
+                 "change: type, bounds, choices, lossy values, the research direction and the trade-off of each. "
+                 "Optional filter: a direction.",
                  {"type": "object", "properties": {"direction": {"type": "string", "enum": sorted(
-                     {k.direction for k in KNOBS.values()})}}, "additionalProperties": False},
-                 lambda direction=None: knob_reference(direction)),
+                     {k.direction for k in knobs_for(self.engine).values()})}}, "additionalProperties": False},
+                 lambda direction=None: knob_reference(direction, self.engine)),
         ]
 
     def call(self, name: str, arguments: dict[str, Any] | None) -> str:

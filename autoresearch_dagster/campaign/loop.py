@@ -55,7 +55,7 @@ from autoresearch_dagster.measure.profiles import MeasurementProfile, measuremen
 from autoresearch_dagster.memory import Conditions, Memory, finding_rows, model_family, outcome, technique
 from autoresearch_dagster.outputs.files import json_safe, write_json
 from autoresearch_dagster.results import utc_now
-from autoresearch_dagster.spec import KNOBS, Budget, EndpointSpec, SpecError, config_hash, is_lossy
+from autoresearch_dagster.spec import Budget, EndpointSpec, SpecError, config_hash, is_lossy, knobs_for
 
 Say = Callable[[str], None]
 
@@ -64,11 +64,13 @@ def _now() -> str:
     return utc_now().isoformat()
 
 
-def gate_key(baseline: dict[str, Any], candidate: dict[str, Any]) -> str:
-    """What the correctness gate's answer depends on: the numerics of both configs."""
+def gate_key(baseline: dict[str, Any], candidate: dict[str, Any], engine: str = "sglang") -> str:
+    """What the correctness gate's answer depends on: the numerics of both configs (the engine's knobs)."""
+    table = knobs_for(engine)
+
     def numerics(c: dict[str, Any]) -> str:
-        return ",".join(f"{k}={KNOBS[k].canonical(c.get(k, KNOBS[k].default))}" for k in KNOBS
-                        if any(KNOBS[k].meaning(v).lossy for v in list(KNOBS[k].meanings)))
+        return ",".join(f"{k}={table[k].canonical(c.get(k, table[k].default))}" for k in table
+                        if any(table[k].meaning(v).lossy for v in list(table[k].meanings)))
     return f"{numerics(baseline)}|{numerics(candidate)}"
 
 
@@ -416,7 +418,8 @@ class CampaignRunner:
             rows = self.memory.similar(profile, k=20) if self.memory else []
             return [r for r in rows if knob is None or knob in r["technique"]]
 
-        return ToolBox(report=report, load_curve=curve, history=history, memory_query=query)
+        return ToolBox(report=report, load_curve=curve, history=history, memory_query=query,
+                       engine=self.endpoint.engine)
 
     def plan(self) -> RoundPlan | None:
         """The next round's experiments (None when the campaign ended instead)."""
@@ -549,7 +552,7 @@ class CampaignRunner:
                 "direction": proposal.direction, "kind": proposal.kind, "intervention": proposal.intervention.delta(),
                 "candidate_config": proposal.candidate_config, "candidate_hash": config_hash(proposal.candidate_config),
                 "baseline_hash": era.config_hash, "prediction": proposal.prediction.model_dump(mode="json"),
-                "trace": proposal.trace, "lossy": is_lossy(proposal.candidate_config, era.config)}
+                "trace": proposal.trace, "lossy": is_lossy(proposal.candidate_config, era.config, self.endpoint.engine)}
         if proposal.is_patch:
             record = {**base, "verdict": "invalid", "confirmed": False, "ratio_median": None, "ci_low": None,
                       "ci_high": None, "margin": None, "gpu_seconds": 0.0, "runs": 0, "ran": False,
@@ -562,7 +565,7 @@ class CampaignRunner:
         budget = Budget(initial_runs_per_arm=self.profile.initial_runs_per_arm,
                         max_runs_per_arm=self.profile.max_runs_per_arm,
                         max_wall_s=max(1.0, left) if left is not None else None)
-        key = gate_key(era.config, proposal.candidate_config)
+        key = gate_key(era.config, proposal.candidate_config, self.endpoint.engine)
         self.say(f"experiment {proposal.id}: {json.dumps(proposal.intervention.delta(), default=str)}")
         res = run_experiment(self.endpoint, era.config, proposal.candidate_config, self.pool, engine=self.engine,
                              results=self.results, settings=self.experiment_harness(era, proposal.id), budget=budget,

@@ -21,19 +21,25 @@ from typing import Any
 from autoresearch_dagster.experiments.gpu_savings import LABEL, format_line
 from autoresearch_dagster.outputs.files import atomic_write_text, json_safe, write_json
 from autoresearch_dagster.results import utc_now
-from autoresearch_dagster.spec import KNOBS, SpecError, launch_flags
+from autoresearch_dagster.spec import SpecError, launch_flags, table_of
 
 DECISIONS = ("approve", "reject", "request_changes")
 
 
 def launch_command(endpoint: Any, config: dict[str, Any]) -> str:
+    """The command that serves ``config`` on the endpoint's engine (vLLM's OpenAI server, else SGLang's)."""
     model = (endpoint.engine_options or {}).get("model_path") or endpoint.model
+    if endpoint.engine == "vllm":
+        extra = [str(a) for a in (endpoint.engine_options or {}).get("extra_args") or []]
+        return " ".join(["vllm", "serve", shlex.quote(str(model)),
+                         *[shlex.quote(f) for f in launch_flags(config, "vllm") + extra]])
     return " ".join(["python", "-m", "sglang.launch_server", "--model-path", shlex.quote(str(model)),
                      *[shlex.quote(f) for f in launch_flags(config)]])
 
 
 def config_diff(original: dict[str, Any], proposed: dict[str, Any]) -> dict[str, list[Any]]:
-    keys = sorted(set(original) | set(proposed), key=lambda k: list(KNOBS).index(k) if k in KNOBS else 999)
+    table = list(table_of(original, proposed))
+    keys = sorted(set(original) | set(proposed), key=lambda k: table.index(k) if k in table else 999)
     return {k: [original.get(k), proposed.get(k)] for k in keys if original.get(k) != proposed.get(k)}
 
 

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from autoresearch_dagster.measure.profiles import PROFILES
+from autoresearch_dagster.measure.profiles import PROFILES, measurement_profile
 from autoresearch_dagster.spec import SpecError
 
 
@@ -39,6 +39,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "fresh runs inside the experiment")
     r.add_argument("--measure", choices=sorted(PROFILES), default="quick",
                    help="measurement profile (measure/profiles.py; default quick: steady-state holds, 5 runs per arm)")
+    r.add_argument("--step-duration", type=float, help="override the profile: seconds per load step")
+    r.add_argument("--hold-e2e-multiple", type=float, help="override the profile: hold each step at least this many "
+                                                           "mean E2E latencies (0: fixed --step-duration)")
+    r.add_argument("--min-completed", type=int, help="override the profile: completed requests needed per step")
+    r.add_argument("--start-rps", type=float, help="override the profile: first probed arrival rate")
+    r.add_argument("--resolution", type=float, help="override the profile: relative capacity resolution")
+    r.add_argument("--max-steps", type=int, help="override the profile: most load steps per capacity search")
+    r.add_argument("--noise-runs", type=int, help="override the profile: A/A runs of each baseline's noise floor")
+    r.add_argument("--runs-per-arm", type=int, help="override the profile: runs per arm (no escalation beyond)")
     r.add_argument("--engine", choices=["emulator", "sglang", "modal"], help="override the endpoint's engine")
     r.add_argument("--pool", help="replay pool (default: built from the endpoint's logs into LAKE/_pools/ENDPOINT)")
     r.add_argument("--lake", default="out/lake", help="results lake root (default out/lake)")
@@ -103,7 +112,11 @@ def run(args: argparse.Namespace) -> int:
     pool = load_pool(endpoint, args, results.pool_dir(endpoint.name))
     engine = make_engine(endpoint, engine=args.engine)
     ended = (out / "state.json").exists() and CampaignState.load(out / "state.json").status == "ended"
-    runner = CampaignRunner(endpoint, pool, engine=engine, out_dir=out, settings=settings, measurement=args.measure,
+    measurement = measurement_profile(args.measure).with_overrides(
+        step_duration_s=args.step_duration, hold_e2e_multiple=args.hold_e2e_multiple, min_completed=args.min_completed,
+        resolution=args.resolution, max_steps=args.max_steps, start_rps=args.start_rps, noise_runs=args.noise_runs,
+        initial_runs_per_arm=args.runs_per_arm, max_runs_per_arm=args.runs_per_arm)
+    runner = CampaignRunner(endpoint, pool, engine=engine, out_dir=out, settings=settings, measurement=measurement,
                             results=results, memory=Memory(args.memory), say=Ticker(), fresh=ended)
     report = runner.run()
     results.refresh_views()

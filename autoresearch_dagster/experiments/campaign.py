@@ -56,11 +56,11 @@ class Campaign:
                                "capacity_rps_per_gpu": capacity_rps_per_gpu, "recorded_at": utc_now()}]}
 
 
-def config_rows(config: dict[str, Any], *, source: str,
-                baseline: dict[str, Any] | None = None) -> dict[str, list[dict]]:
-    """The row of one config seen (lossy against ``baseline`` when one is given)."""
+def config_rows(config: dict[str, Any], *, source: str, baseline: dict[str, Any] | None = None,
+                engine: str = "sglang") -> dict[str, list[dict]]:
+    """The row of one config seen (lossy against ``baseline`` when one is given; ``engine``'s knobs)."""
     return {"configs": [{"config_hash": config_hash(config), "config_json": json.dumps(config, sort_keys=True),
-                         "lossy": is_lossy(config, baseline) if baseline is not None else None,
+                         "lossy": is_lossy(config, baseline, engine) if baseline is not None else None,
                          "source": source, "recorded_at": utc_now()}]}
 
 

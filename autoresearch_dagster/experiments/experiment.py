@@ -395,13 +395,13 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
                            campaign_id=campaign.campaign_id if campaign else None, kind=kind, parent_id=parent_id,
                            mode=mode, metric="replay_capacity" if mode == "shape" else capacity_metric(settings),
                            baseline_config=baseline_config, candidate_config=candidate_config,
-                           lossy=is_lossy(candidate_config, baseline_config), started_at=utc_now().isoformat(),
+                           lossy=is_lossy(candidate_config, baseline_config, endpoint.engine), started_at=utc_now().isoformat(),
                            noise_cv=noise_cv, noise_source="noise_baseline" if noise_cv is not None else "",
                            estimator=settings.estimator, comparisons=max(1, int(comparisons)),
                            shared_runs=[r for r in (control.runs if control else []) if r.valid])
     if results is not None:
         results.append_rows(config_rows(candidate_config, source=f"candidate:{res.experiment_id}",
-                                        baseline=baseline_config), endpoint=endpoint.name)
+                                        baseline=baseline_config, engine=endpoint.engine), endpoint=endpoint.name)
     ex = _Experiment(endpoint, pool, engine, results, settings, res, deadline, progress, run_source, control)
     if progress:
         progress(f"experiment {res.experiment_id}: {res.baseline_hash} vs {res.candidate_hash} "
