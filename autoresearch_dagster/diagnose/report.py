@@ -126,6 +126,10 @@ def resolved_knobs(server_info: dict[str, Any] | None, config: dict[str, Any]) -
     """Knob values as the server resolved them (``/server_info``), falling back to the requested config."""
     info = server_info or {}
     out = {k: info[k] for k in KNOBS if k in info}
+    if info.get("engine") == "vllm":  # vLLM's resolved knobs, and its sequence cap as the running-batch cap
+        out = dict(info.get("server_args") or {})
+        if out.get("max_num_seqs"):
+            out["max_running_requests"] = out["max_num_seqs"]
     states = info.get("internal_states") or []
     if out.get("max_running_requests") is None and states and isinstance(states[0], dict):
         # SGLang leaves the field unset and reports the cap it computed per DP worker here

@@ -1,4 +1,5 @@
-"""Owns reading Prometheus text: the one parser of /metrics (SGLang's names) and its per-scrape reading.
+"""Owns reading Prometheus text: the one parser of /metrics (SGLang's names; vLLM's read as them too) and its
+per-scrape reading.
 
 The HTTP runner's in-step scrapes and diagnosis's bracketing scrapes both go through ``snapshot``,
 so one engine time series never mixes two readings of the same metric. ``snapshot``'s rule per
@@ -20,6 +21,16 @@ PREFIX = "sglang:"
 RATIO_GAUGES = frozenset({"token_usage", "full_token_usage", "swa_token_usage", "mamba_usage", "cache_hit_rate",
                           "spec_accept_length", "spec_accept_rate", "utilization", "new_token_ratio",
                           "fwd_occupancy"})
+
+# vLLM 0.32's V1 metrics that mean what an SGLang metric means (checked against the CPU build's /metrics): the
+# snapshot carries them under the SGLang name too, so the runner's time series and the diagnosis read a vLLM
+# endpoint with one vocabulary. Prefix-cache hits are tokens served from the cache, as SGLang's cached tokens.
+VLLM_ALIASES = {"vllm:num_requests_running": "num_running_reqs", "vllm:num_requests_waiting": "num_queue_reqs",
+                "vllm:kv_cache_usage_perc": "token_usage", "vllm:prefix_cache_hits_total": "cached_tokens_total",
+                "vllm:prompt_tokens_total": "prompt_tokens_total",
+                "vllm:generation_tokens_total": "generation_tokens_total",
+                "vllm:num_preemptions_total": "num_retracted_reqs_total"}
+VLLM_RATIO_GAUGES = frozenset({"vllm:kv_cache_usage_perc"})
 
 _LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*$')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?\s*')
@@ -84,5 +95,8 @@ def snapshot(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, vals in acc.items():
         base = name.split("{")[0].removeprefix(PREFIX)
-        out[name] = float(np.mean(vals)) if base in RATIO_GAUGES else float(np.sum(vals))
+        out[name] = float(np.mean(vals)) if base in RATIO_GAUGES or name in VLLM_RATIO_GAUGES else float(np.sum(vals))
+    for vllm_name, sglang_name in VLLM_ALIASES.items():  # a vLLM server read under SGLang's names as well
+        if vllm_name in out and PREFIX + sglang_name not in out:
+            out[PREFIX + sglang_name] = out[vllm_name]
     return out

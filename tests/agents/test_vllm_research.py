@@ -77,3 +77,11 @@ def test_the_claude_session_is_told_the_vllm_knobs_of_a_vllm_endpoint():
     ref = json.loads(ToolBox(engine="vllm").call("get_knob_reference", {}))
     assert {r["knob"] for r in ref} == set(VLLM_KNOBS)
     assert "max_running_requests" in {r["knob"] for r in json.loads(ToolBox().call("get_knob_reference", {}))}
+
+
+def test_the_diagnosis_reads_vllms_sequence_cap_as_the_running_batch_cap():
+    from autoresearch_dagster.diagnose.report import resolved_knobs
+
+    info = {"engine": "vllm", "version": "0.32.0", "server_args": dict(VLLM_RESOLVED, max_num_seqs=8)}
+    got = resolved_knobs(info, {"max_num_seqs": 8})
+    assert got["max_running_requests"] == 8 and got["max_num_batched_tokens"] == 2048

@@ -60,3 +60,22 @@ def test_prometheus_parse_and_snapshot():
     assert "sglang:time_to_first_token_seconds_bucket" not in snap
     with pytest.raises(MetricsError, match="line 2"):
         parse_prometheus("ok 1\nthis is not a sample\n")
+
+
+def test_a_vllm_server_is_read_under_sglangs_names_too():
+    # lines as vLLM 0.32's CPU build serves them (labels engine and model_name)
+    text = "\n".join([
+        '# HELP vllm:num_requests_running Number of requests in model execution batches.',
+        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 26.0',
+        'vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 3.0',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0449',
+        'vllm:prefix_cache_hits_total{engine="0",model_name="tiny-llama"} 280064.0',
+        'vllm:prompt_tokens_total{engine="0",model_name="tiny-llama"} 526208.0',
+        'vllm:num_preemptions_total{engine="0",model_name="tiny-llama"} 0.0'])
+    s = snapshot(text)
+    assert s["sglang:num_running_reqs"] == 26 and s["sglang:num_queue_reqs"] == 3
+    assert s["sglang:token_usage"] == pytest.approx(0.0449) and s["vllm:num_requests_running"] == 26
+    assert s["sglang:cached_tokens_total"] / s["sglang:prompt_tokens_total"] == pytest.approx(0.532, abs=1e-3)
+    # an SGLang server's own reading is never overwritten by an alias
+    both = snapshot(text + "\nsglang:num_running_reqs 5")
+    assert both["sglang:num_running_reqs"] == 5
