@@ -377,7 +377,7 @@ class CampaignRunner:
         prior = self.memory.similar(self.profile_for_memory(), exclude_endpoint=self.endpoint.name) if self.memory else []
         return ResearchBrief(
             campaign_id=self.state.campaign_id, round=round_no, endpoint=self.endpoint.name, model=self.endpoint.model,
-            gpu=self.endpoint.hardware.gpu, gpus=self.endpoint.gpus, engine=self.state.engine, sla=self.state.sla,
+            gpu=self.endpoint.hardware.gpu, gpus=self.endpoint.gpus, engine=self.endpoint.engine, sla=self.state.sla,
             pool_id=self.state.pool_hash, baseline_config=era.config, baseline_hash=era.config_hash,
             resolved_baseline=n.get("resolved") or {},
             baseline={"capacity_rps": n.get("median"), "ci": [n.get("ci_low"), n.get("ci_high")],

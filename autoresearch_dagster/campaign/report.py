@@ -148,7 +148,7 @@ def build_report(runner: Any) -> dict[str, Any]:
         "gain": gain, "gain_ci": gain_ci, "gain_confidence": stats.DECISION_CONFIDENCE,
         "gpu_savings": runner.gpu_savings(),
         "best_config": best.config, "best_config_hash": best.config_hash, "best_era": best.index,
-        "lossy": is_lossy(best.config, orig.config, st.engine), "correctness": correctness,
+        "lossy": is_lossy(best.config, orig.config, runner.endpoint.engine), "correctness": correctness,
         "experiments": experiments,
         "by_verdict": dict(Counter(e["verdict"] for e in st.experiments)),
         "by_source": dict(Counter(f"{e['proposer']}/{e['kind']}" for e in st.experiments)),

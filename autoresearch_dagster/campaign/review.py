@@ -30,6 +30,12 @@ def launch_command(endpoint: Any, config: dict[str, Any]) -> str:
     """The command that serves ``config`` on the endpoint's engine (vLLM's OpenAI server, else SGLang's)."""
     model = (endpoint.engine_options or {}).get("model_path") or endpoint.model
     if endpoint.engine == "vllm":
+        from autoresearch_dagster.emulator.engine_view import model_config_path
+
+        try:  # the model directory as the spec resolves it (relative paths are the spec file's)
+            model = model_config_path(endpoint).parent
+        except SpecError:
+            pass
         extra = [str(a) for a in (endpoint.engine_options or {}).get("extra_args") or []]
         return " ".join(["vllm", "serve", shlex.quote(str(model)),
                          *[shlex.quote(f) for f in launch_flags(config, "vllm") + extra]])

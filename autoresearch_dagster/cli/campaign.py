@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                            "mean E2E latencies (0: fixed --step-duration)")
     r.add_argument("--min-completed", type=int, help="override the profile: completed requests needed per step")
     r.add_argument("--start-rps", type=float, help="override the profile: first probed arrival rate")
+    r.add_argument("--growth", type=float, help="override the profile: rate factor between steps below the knee")
+    r.add_argument("--request-timeout", type=float, help="override the profile: per-request timeout in seconds "
+                                                         "(also how long an overloaded step waits)")
     r.add_argument("--resolution", type=float, help="override the profile: relative capacity resolution")
     r.add_argument("--max-steps", type=int, help="override the profile: most load steps per capacity search")
     r.add_argument("--noise-runs", type=int, help="override the profile: A/A runs of each baseline's noise floor")
@@ -53,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--lake", default="out/lake", help="results lake root (default out/lake)")
     r.add_argument("--memory", default="memory", help="memory directory (default ./memory; committed when it is "
                                                        "in a git work tree)")
+    r.add_argument("--anchor-every", type=int, default=1,
+                   help="one fresh baseline anchor run per this many candidate runs (default 1; a real engine whose "
+                        "runs take minutes may trade some power for fewer)")
     r.add_argument("--prescreen", action="store_true",
                    help="pre-screen candidates on the calibrated emulator; run only those it predicts to gain at "
                         "least the verdict margin (controls and measured follow-ups exempt)")
@@ -105,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                                     directions_per_round=args.directions,
                                     experiments_per_round=args.experiments_per_round, search_trials=args.search_trials,
                                     confirm=args.confirm, seed=args.seed, budget=budget, prescreen=args.prescreen,
-                                    recalibrate_error=args.recalibrate_error)
+                                    recalibrate_error=args.recalibrate_error, anchor_every=args.anchor_every)
     except ValidationError as e:
         raise SpecError(f"campaign settings: {validation_message(e)}") from None
     results = open_lake(args.lake)
@@ -114,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     ended = (out / "state.json").exists() and CampaignState.load(out / "state.json").status == "ended"
     measurement = measurement_profile(args.measure).with_overrides(
         step_duration_s=args.step_duration, hold_e2e_multiple=args.hold_e2e_multiple, min_completed=args.min_completed,
-        resolution=args.resolution, max_steps=args.max_steps, start_rps=args.start_rps, noise_runs=args.noise_runs,
+        resolution=args.resolution, max_steps=args.max_steps, start_rps=args.start_rps, growth=args.growth,
+        request_timeout_s=args.request_timeout, noise_runs=args.noise_runs,
         initial_runs_per_arm=args.runs_per_arm, max_runs_per_arm=args.runs_per_arm)
     runner = CampaignRunner(endpoint, pool, engine=engine, out_dir=out, settings=settings, measurement=measurement,
                             results=results, memory=Memory(args.memory), say=Ticker(), fresh=ended)

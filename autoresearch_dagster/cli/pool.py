@@ -40,7 +40,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--pool", required=True, metavar="DIR", help="pool directory (or its replay_pool.parquet)")
     f.add_argument("--json", action="store_true", help="print the report as JSON")
     f.set_defaults(func=_fidelity)
+    a = sub.add_parser("adapt", help="adapt a pool to an endpoint's limits and write it as a pool of its own",
+                       description="Applies the endpoint's engine_options.adapt_pool limits (max_model_len, "
+                                   "max_output_tokens, strip_tools, strip_sampling; see pool/adapt.py) to every "
+                                   "request and writes the result to DIR with the changes counted in its meta "
+                                   "(adaptation) and the source pool's hash (adapted_from).")
+    a.add_argument("--pool", required=True, metavar="DIR", help="source pool directory")
+    a.add_argument("--endpoint", required=True, metavar="FILE", help="endpoint spec whose adapt_pool limits apply")
+    a.add_argument("--out", required=True, metavar="DIR", help="adapted pool directory (replaced atomically)")
+    a.set_defaults(func=_adapt)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    from autoresearch_dagster.pool.adapt import AdaptedPool, limits_from_options, write_adapted
+    from autoresearch_dagster.pool.schema import read_pool
+    from autoresearch_dagster.spec import load_endpoint
+
+    endpoint = load_endpoint(args.endpoint)
+    limits = limits_from_options(endpoint)
+    if limits is None:
+        raise SpecError(f"endpoint {endpoint.name!r} sets no engine_options.adapt_pool: nothing to adapt")
+    try:
+        source = read_pool(args.pool)
+    except FileNotFoundError as e:
+        raise SpecError(str(e)) from None
+    out = write_adapted(source, limits, Path(args.out))
+    print(AdaptedPool(source, limits).summary())
+    print(f"pool {out.path} ({len(list(out.iter_requests(None)))} requests; adapted from {source.content_hash})")
+    return 0
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -11,7 +11,8 @@ sglang, modal, external) pass through unchanged. A vLLM endpoint is mapped:
   cores, measured by benchmarks/bench_cpu_peak.py), else ``hardware.gpu`` when the catalog has it;
 - knobs, each to what the emulator implements of the same mechanism:
   max_num_seqs -> max_running_requests; max_num_batched_tokens -> chunked_prefill_size (vLLM V1's token
-  budget per step, prefill chunks and decodes together: hence ``enable_mixed_chunk``); enable_chunked_prefill
+  budget per step, prefill chunks and decodes together: hence ``enable_mixed_chunk``; its scheduling is
+  synchronous, ``async_scheduling`` false: hence ``disable_overlap_schedule``); enable_chunked_prefill
   false -> chunked_prefill_size -1; enable_prefix_caching false -> disable_radix_cache; block_size ->
   page_size; kv_cache_dtype fp8* -> the same fp8 format; enforce_eager -> disable_cuda_graph (always on a
   CPU device: the CPU backend captures no graphs); stream_interval as is; tensor_parallel_size -> tp_size;
@@ -72,6 +73,15 @@ def emulator_device(endpoint: EndpointSpec) -> str:
     return name
 
 
+def portable(endpoint: EndpointSpec) -> EndpointSpec:
+    """``endpoint`` with what its view reads from files named absolutely (a vLLM endpoint's model directory), so it
+    survives serialization to a worker process (``source_path`` does not)."""
+    if endpoint.engine != "vllm":
+        return endpoint
+    opts = {**endpoint.engine_options, "model_path": str(model_config_path(endpoint).parent)}
+    return endpoint.model_copy(update={"engine_options": opts})
+
+
 def emulator_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorView:
     """The emulator's endpoint and SGLang config for ``config`` on ``endpoint`` (see the module docstring)."""
     if endpoint.engine != "vllm":
@@ -88,7 +98,9 @@ def _vllm_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorView:
     dev, card = gpu(device), load_card(str(model))
     cpu = is_cpu_device(device)
     c = {**(VLLM_CPU_DEFAULTS if cpu else {}), **{k: v for k, v in config.items() if v is not None}}
-    out: dict[str, Any] = {"enable_mixed_chunk": True}
+    # vLLM 0.32 schedules synchronously (async_scheduling false in its resolved config): no CPU work hides behind
+    # the forward pass, unlike SGLang's overlap scheduler
+    out: dict[str, Any] = {"enable_mixed_chunk": True, "disable_overlap_schedule": True}
     if "max_num_seqs" in c:
         out["max_running_requests"] = c["max_num_seqs"]
     if c.get("enable_chunked_prefill") is False:

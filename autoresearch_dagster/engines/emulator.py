@@ -26,7 +26,7 @@ from typing import Any, Literal
 from autoresearch_dagster.emulator.catalog import gpu, model_card
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore, emulator_version
 from autoresearch_dagster.emulator.cost import Efficiency, endpoint_efficiency
-from autoresearch_dagster.emulator.engine_view import emulator_view
+from autoresearch_dagster.emulator.engine_view import VLLM_CPU_DEFAULTS, emulator_view, is_cpu_device, portable
 from autoresearch_dagster.emulator.fleet import simulate_fleet
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.profile import write_profile
@@ -34,7 +34,7 @@ from autoresearch_dagster.emulator.sim import simulate
 from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment
 from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest, StepOutcome
-from autoresearch_dagster.spec import EndpointSpec, SpecError, validate_server_config
+from autoresearch_dagster.spec import EndpointSpec, SpecError
 
 STEP_GAP_S = 5.0  # virtual idle time between consecutive load steps of one deployment
 class VirtualDeployment:
@@ -47,6 +47,9 @@ class VirtualDeployment:
                  sample_interval_s: float = 1.0):
         # an endpoint of another engine (vLLM) runs as the emulator's mapping of it (emulator.engine_view)
         view = emulator_view(endpoint, config)
+        # what the endpoint's own engine was asked for (vLLM's knobs), reported back as its resolved config
+        self.requested = ({**(VLLM_CPU_DEFAULTS if is_cpu_device(view.endpoint.hardware.gpu) else {}), **config}
+                          if endpoint.engine == "vllm" else None)
         endpoint = view.endpoint
         self.endpoint = endpoint
         self.config = view.config
@@ -126,7 +129,11 @@ class VirtualDeployment:
         return self.clock if self.endpoint.autoscaling is None else self._replica_s
 
     def server_info(self) -> dict[str, Any]:
-        return {**self.core.server_info(), "version": emulator_version(), "engine": "emulator", "mode": "virtual"}
+        info = {**self.core.server_info(), "version": emulator_version(), "engine": "emulator", "mode": "virtual"}
+        if self.requested is not None:  # an emulated vLLM endpoint: its knobs as asked, the view beside them
+            info = {"engine": "vllm", "emulated": True, "version": info["version"], "server_args": self.requested,
+                    "emulator": info}
+        return info
 
     def metrics_text(self) -> str:
         from autoresearch_dagster.emulator.prometheus import exposition, render_scalar
@@ -164,8 +171,11 @@ class EmulatorEngine:
             raise SpecError(f"emulator mode must be 'virtual' or 'http', got {mode!r}")
         if mode == "http" and endpoint.autoscaling is not None:
             raise SpecError("autoscaling runs in the virtual-time emulator only (its HTTP server is one replica)")
-        model_card(endpoint.model)
-        gpu(endpoint.hardware.gpu)
+        # another engine's endpoint (vLLM) is emulated as the emulator's view of it (emulator.engine_view)
+        endpoint = portable(endpoint)
+        view = emulator_view(endpoint, {}).endpoint
+        model_card(view.model)
+        gpu(view.hardware.gpu)
         self.endpoint, self.mode = endpoint, mode
         self.noise = noise
         from autoresearch_dagster.emulator.calibrations import calibrated_efficiency
@@ -181,10 +191,12 @@ class EmulatorEngine:
     def _deploy_http(self, config: dict[str, Any], seed: int):
         from autoresearch_dagster.emulator.server import EmulatorServer, serve_in_thread
 
-        core = EngineCore(model_card(self.endpoint.model), gpu(self.endpoint.hardware.gpu), self.endpoint.gpus,
-                          validate_server_config(config), seed=seed, noise=self.noise, efficiency=self.efficiency)
-        server = EmulatorServer(self.endpoint, config, seed=seed, noise=self.noise, core=core)
-        return _HttpEmulatorDeployment(serve_in_thread(server), model=self.endpoint.model)
+        view = emulator_view(self.endpoint, config)
+        ep, config = view.endpoint, view.config
+        core = EngineCore(model_card(ep.model), gpu(ep.hardware.gpu), ep.gpus,
+                          config, seed=seed, noise=self.noise, efficiency=self.efficiency)
+        server = EmulatorServer(ep, config, seed=seed, noise=self.noise, core=core)
+        return _HttpEmulatorDeployment(serve_in_thread(server), model=ep.model)
 
     def version(self) -> str:
         return emulator_version()

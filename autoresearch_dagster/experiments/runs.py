@@ -232,7 +232,7 @@ def execute_run(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, en
         rec.timings["deploy_s"] = time.monotonic() - t0
         rec.server_info = dict(dep.server_info() or {})
         rec.engine_version = _server_version(rec.server_info, engine)
-        rec.invalid_reasons += config_drift(config, rec.server_info)
+        rec.invalid_reasons += config_drift(config, rec.server_info, endpoint.engine)
         if not rec.invalid_reasons:
             t1 = time.monotonic()
             rec.invalid_reasons += _warm_up(dep, pool, endpoint, n=settings.warmup_requests, seed=seed,

@@ -7,6 +7,8 @@ such requests measures refusals, not the endpoint. ``AdaptedPool`` wraps a pool 
 - ``max_model_len``: a request whose prompt (by the pool's token counter) leaves under ``margin`` of
   the window is dropped; one whose prompt fits but whose expected output would not has its output
   trimmed to fit;
+- ``max_output_tokens``: a longer expected output is capped (an endpoint whose gateway limits
+  ``max_tokens``; also how a slow engine's campaign keeps each load step's drain short);
 - ``strip_tools``: tool definitions and ``tool_choice`` are removed (the messages are kept);
 - ``strip_sampling``: these sampling parameters are removed, e.g. ``seed``: vLLM 0.32's CPU backend
   gives a seeded request its own CPU ``torch.Generator`` and, when it discards the token sampled for a
@@ -15,7 +17,9 @@ such requests measures refusals, not the endpoint. ``AdaptedPool`` wraps a pool 
 
 ``AdaptedPool.adaptation`` says what changed (counts, limits, the first dropped ids); it is in the
 pool's ``meta["adaptation"]`` and its ``content_hash`` so results of an adapted replay never pass
-for the original pool's. ``limits_from_options`` reads an endpoint's ``engine_options.adapt_pool``.
+for the original pool's. ``limits_from_options`` reads an endpoint's ``engine_options.adapt_pool``;
+``write_adapted`` stores an adapted pool as a pool directory of its own (``autoresearch pool adapt``), so
+every reader of a path (the surrogate's worker processes too) sees the same requests.
 ``adapt_body`` applies the stripping rules to one request body already scheduled: engines that serve
 every measurement path (noise, experiments, campaigns) adapt each step this way and record the counts.
 """
@@ -36,6 +40,7 @@ class PoolLimits:
     strip_tools: bool = False
     strip_sampling: tuple[str, ...] = ()
     margin: float = 0.02  # share of the window kept free: the pool's token count is not the engine's tokenizer
+    max_output_tokens: int | None = None
 
 
 def limits_from_options(endpoint: EndpointSpec) -> PoolLimits | None:
@@ -44,9 +49,10 @@ def limits_from_options(endpoint: EndpointSpec) -> PoolLimits | None:
     opts = endpoint.engine_options.get("adapt_pool")
     if not opts:
         return None
-    if not isinstance(opts, dict) or set(opts) - {"strip_tools", "strip_sampling", "max_model_len", "margin"}:
+    if not isinstance(opts, dict) or set(opts) - {"strip_tools", "strip_sampling", "max_model_len", "margin",
+                                                  "max_output_tokens"}:
         raise SpecError("engine_options.adapt_pool takes strip_tools (bool), strip_sampling (list of sampling "
-                        "parameter names), max_model_len (int), margin (0-0.5)")
+                        "parameter names), max_model_len (int), margin (0-0.5), max_output_tokens (int)")
     strip_sampling = opts.get("strip_sampling", [])
     if not isinstance(strip_sampling, list) or not all(isinstance(k, str) for k in strip_sampling):
         raise SpecError(f"engine_options.adapt_pool.strip_sampling must be a list of names, got {strip_sampling!r}")
@@ -56,14 +62,20 @@ def limits_from_options(endpoint: EndpointSpec) -> PoolLimits | None:
         raise SpecError(f"engine_options.adapt_pool.max_model_len must be an integer >= 16, got {limit!r}")
     if not 0 <= margin <= 0.5:
         raise SpecError(f"engine_options.adapt_pool.margin must be within [0, 0.5], got {margin!r}")
+    cap = opts.get("max_output_tokens")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise SpecError(f"engine_options.adapt_pool.max_output_tokens must be an integer >= 1, got {cap!r}")
     return PoolLimits(max_model_len=limit, strip_tools=bool(opts.get("strip_tools", False)),
-                      strip_sampling=tuple(strip_sampling), margin=margin)
+                      strip_sampling=tuple(strip_sampling), margin=margin, max_output_tokens=cap)
 
 
 def adapt_request(req: Any, limits: PoolLimits) -> tuple[Any | None, list[str]]:
     """(the adapted request or None when dropped, what changed: 'dropped_over_context', 'trimmed_output',
-    'tools_stripped', 'sampling_stripped')."""
+    'capped_output', 'tools_stripped', 'sampling_stripped')."""
     changes: list[str] = []
+    if limits.max_output_tokens is not None and req.output_tokens > limits.max_output_tokens:
+        req = dataclasses.replace(req, output_tokens=limits.max_output_tokens)
+        changes.append("capped_output")
     if limits.max_model_len is not None:
         window = int(limits.max_model_len * (1.0 - limits.margin))
         if req.prompt_tokens >= window:
@@ -100,7 +112,8 @@ class AdaptedPool:
         self.original = pool
         self.limits = limits
         self._requests: list[Any] = []
-        counts = {"dropped_over_context": 0, "trimmed_output": 0, "tools_stripped": 0, "sampling_stripped": 0}
+        counts = {"dropped_over_context": 0, "trimmed_output": 0, "capped_output": 0, "tools_stripped": 0,
+                  "sampling_stripped": 0}
         dropped: list[str] = []
         n = 0
         for req in pool.iter_requests(None):
@@ -129,9 +142,23 @@ class AdaptedPool:
 
     def summary(self) -> str:
         a = self.adaptation
-        parts = [f"{a[k]} {k.replace('_', ' ')}" for k in ("dropped_over_context", "trimmed_output", "tools_stripped",
-                                                           "sampling_stripped") if a[k]]
+        parts = [f"{a[k]} {k.replace('_', ' ')}" for k in ("dropped_over_context", "trimmed_output", "capped_output",
+                                                           "tools_stripped", "sampling_stripped") if a.get(k)]
         return (f"pool adapted to the endpoint's limits (max_model_len={self.limits.max_model_len}, "
-                f"strip_tools={self.limits.strip_tools}, strip_sampling={list(self.limits.strip_sampling)}): "
+                f"strip_tools={self.limits.strip_tools}, strip_sampling={list(self.limits.strip_sampling)}"
+                + (f", max_output_tokens={self.limits.max_output_tokens}" if self.limits.max_output_tokens else "")
+                + "): "
                 f"{', '.join(parts) or 'nothing changed'} "
                 f"of {a['requests']} requests")
+
+
+def write_adapted(pool: Any, limits: PoolLimits, out_dir: Any) -> Any:
+    """``pool`` adapted to ``limits``, written as a pool directory of its own (its meta records the adaptation and
+    the source pool's hash); returns the pool read back."""
+    from autoresearch_dagster.pool.schema import read_pool, write_pool
+
+    adapted = AdaptedPool(pool, limits)
+    meta = {k: v for k, v in adapted.meta.items() if k not in ("content_hash",)}
+    meta["adapted_from"] = getattr(pool, "content_hash", None)
+    write_pool(adapted.iter_requests(None), out_dir, meta)
+    return read_pool(out_dir)

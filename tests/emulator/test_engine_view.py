@@ -33,6 +33,7 @@ def test_vllm_knobs_map_onto_the_emulators(tmp_path):
     c = v.config
     assert c["max_running_requests"] == 4 and c["chunked_prefill_size"] == 512 and c["page_size"] == 16
     assert c["disable_radix_cache"] is True and c["disable_cuda_graph"] is True and c["enable_mixed_chunk"] is True
+    assert c["disable_overlap_schedule"] is True
     assert c["kv_cache_dtype"] == "fp8_e4m3"
     assert 0.05 <= c["mem_fraction_static"] < 0.1  # 1 GiB of KV plus a few MB of weights on a 23 GiB device
     assert v.not_modelled == ["max_model_len"]

@@ -186,3 +186,23 @@ def _group_gone(pgid: int, *, within_s: float) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+@pytest.mark.real_engine
+@needs_real_engine
+def test_the_correctness_gate_runs_on_real_vllm_logprobs(tmp_path):
+    """The harness's gate for a lossy vLLM change (fp8 KV cache) on two real vLLM CPU servers: teacher-forced
+    logprobs through /v1/completions, an A/A calibration, a KL with its interval, both servers torn down."""
+    from autoresearch_dagster.correctness import prompt_set
+    from autoresearch_dagster.experiments.experiment import correctness_check
+
+    spec = _spec(tmp_path, {"max_model_len": 2048}, model_path=str(TINY), served_model_name="tiny",
+                 engine_cores="1" if os.cpu_count() > 1 else "", client_cores="", extra_args=["--dtype", "bfloat16"],
+                 startup_timeout_s=900)
+    eng = make_engine(spec, settings=RunnerSettings(scrape_metrics_s=None))
+    res = correctness_check(spec, {"max_model_len": 2048}, {"max_model_len": 2048, "kv_cache_dtype": "fp8"}, None,
+                            engine=eng, options={"prompts": prompt_set(2), "gen_tokens": 8})
+    assert "error" not in res, res.get("error")
+    assert res["method"] in ("echo", "prefix") and res["n_positions"] > 0 and res["calibration"]
+    assert res["kl_mean"] >= 0 and res["kl_ci"][0] <= res["kl_mean"] <= res["kl_ci"][1]
+    assert isinstance(res["passed"], bool)

@@ -76,3 +76,27 @@ def test_limits_from_the_endpoint():
         limits_from_options(_spec({"drop_everything": True}))
     with pytest.raises(SpecError, match="margin must be within"):
         limits_from_options(_spec({"margin": 0.9}))
+
+
+def test_a_capped_output_is_counted_and_an_adapted_pool_is_written_as_its_own(tmp_path):
+    from tests.agents.helpers import long_prompt_pool
+    from autoresearch_dagster.pool.adapt import write_adapted
+
+    capped = AdaptedPool(_pool(), PoolLimits(max_output_tokens=40))
+    assert {r.id: r.output_tokens for r in capped.iter_requests("serving")}["short"] == 40
+    assert capped.meta["adaptation"]["capped_output"] == 2 and "2 capped output" in capped.summary()
+    assert "max_output_tokens=40" in capped.summary()
+    source = long_prompt_pool(tmp_path / "src", n=30)
+    out = write_adapted(source, PoolLimits(max_output_tokens=150), tmp_path / "adapted")
+    outs = [r.output_tokens for r in out.iter_requests(None)]
+    assert len(outs) == 30 and max(outs) == 150
+    assert out.meta["adapted_from"] == source.content_hash and out.content_hash != source.content_hash
+    assert out.meta["adaptation"]["capped_output"] == sum(r.output_tokens > 150 for r in source.iter_requests(None))
+
+
+def test_max_output_tokens_from_the_endpoint():
+    spec = EndpointSpec(name="x", model="llama-3.1-8b", hardware={"gpu": "H100"}, sla="ttft_p99<=1s",
+                        engine_options={"adapt_pool": {"max_output_tokens": 256}})
+    assert limits_from_options(spec).max_output_tokens == 256
+    with pytest.raises(SpecError, match="max_output_tokens must be an integer"):
+        limits_from_options(spec.model_copy(update={"engine_options": {"adapt_pool": {"max_output_tokens": 0}}}))
