@@ -17,7 +17,14 @@ campaign's surrogate uses; its docstring lists what maps to what and what is not
 ``make real-engine`` it says so and exits 0; ``--measured rows.json`` (an earlier ``--out``) prints the
 emulator column against those rows without starting vLLM.
 
-    .venv/bin/python benchmarks/bench_real_engine.py --config max_num_seqs=8     # about 5 minutes per config
+``--campaign DIR`` then runs the research campaign on the real engine (``autoresearch campaign run`` on
+``tiny-vllm-cpu-capped.yaml`` with ``CAMPAIGN_FLAGS``: noise floor, calibration of the emulator on it,
+diagnosis, proposals pre-screened on the calibrated emulator, the experiment, the promotion's re-measured
+noise floor), or resumes it, or prints the report of the finished one.
+
+    .venv/bin/python benchmarks/bench_real_engine.py --config max_num_seqs=8     # 5-10 minutes per config
+    .venv/bin/python benchmarks/bench_real_engine.py --measured out/real/rows.json --calibration vN.json \
+        --campaign out/real-campaign                                            # about an hour
 """
 from __future__ import annotations
 
@@ -45,6 +52,39 @@ from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
 from autoresearch_dagster.spec import config_hash, load_endpoint, validate_server_config  # noqa: E402
 
 SPEC = ROOT / "examples" / "real_engine" / "tiny-vllm-cpu.yaml"
+CAMPAIGN_SPEC = ROOT / "examples" / "real_engine" / "tiny-vllm-cpu-capped.yaml"
+# The real-engine campaign's measurement: every noise floor needs 5 runs and each run restarts vLLM (~45 s), so
+# the load steps are short and the search coarse (the interpolated capacity estimator does not need a fine one);
+# the 60 s timeout of the table's runs is kept at 40 s, which the capped outputs (256 tokens) never reach at the SLA.
+CAMPAIGN_FLAGS = ["--concurrent-gpus", "1", "--budget-experiments", "1", "--experiments-per-round", "1",
+                  "--runs-per-arm", "2", "--anchor-every", "2", "--step-duration", "10", "--min-completed", "10",
+                  "--request-timeout", "40", "--max-steps", "9", "--resolution", "0.15", "--start-rps", "4",
+                  "--growth", "2", "--hold-e2e-multiple", "0", "--prescreen"]
+
+
+def campaign(out: Path, work: Path, lake: Path) -> int:
+    """The campaign on the real engine (``autoresearch campaign run`` on the capped endpoint), unless ``out`` holds a
+    finished one; prints its report."""
+    import subprocess
+
+    from autoresearch_dagster.campaign.report import format_report
+    from autoresearch_dagster.pool.adapt import limits_from_options, write_adapted
+
+    report_path = out / "campaign.json"
+    if not report_path.exists():
+        pool_dir = work / "pool-capped"
+        if not (pool_dir / "replay_pool.parquet").exists():
+            write_adapted(read_pool(work / "pool"), limits_from_options(load_endpoint(CAMPAIGN_SPEC)), pool_dir)
+        cmd = [sys.executable, "-m", "autoresearch_dagster", "campaign", "run", "--endpoint", str(CAMPAIGN_SPEC),
+               "--out", str(out), "--pool", str(pool_dir), "--lake", str(lake), "--memory", str(out / "memory"),
+               *CAMPAIGN_FLAGS]
+        print("$ " + " ".join(cmd), flush=True)
+        rc = subprocess.run(cmd, cwd=ROOT).returncode
+        if rc != 0 or not report_path.exists():
+            print(f"the campaign did not finish (exit {rc}); rerun to resume it")
+            return rc or 1
+    print("\n" + format_report(json.loads(report_path.read_text())))
+    return 0
 
 
 def predict(spec, vllm_config: dict, pool, settings, seed: int, efficiency=None) -> dict:
@@ -114,6 +154,9 @@ def main() -> int:
     ap.add_argument("--calibration", type=Path, help="a calibration file (v<N>.json) for the calibrated column")
     ap.add_argument("--measured", type=Path, help="rows from an earlier --out: predict against them, start no vLLM")
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
+    ap.add_argument("--campaign", type=Path, help="run (or resume, or print the finished) campaign on the real "
+                                                 "engine in this directory (tiny-vllm-cpu-capped.yaml, CAMPAIGN_FLAGS)")
+    ap.add_argument("--lake", type=Path, default=ROOT / "out" / "lake", help="results lake of the campaign")
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "real-engine",
                     help="the replay pool (built once, the tiny Llama's token counts) and each measured config's "
                          "summary.json (runs/TIME-HASH/, what `autoresearch emulator calibrate --measured` reads); "
@@ -186,6 +229,8 @@ def main() -> int:
                   f"{statistics.median(e):.1%}, worst {e[-1]:.1%} (" + ", ".join(f"{x:+.0%}" for x in errors[c]) + ")")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    if args.campaign:
+        return campaign(args.campaign, args.work, args.lake)
     return 0
 
 
