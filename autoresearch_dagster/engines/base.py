@@ -19,6 +19,13 @@ from autoresearch_dagster.spec import knobs_for
 DRIFT_PREFIX = "config drift"
 
 
+def server_seed(seed: int) -> int:
+    """The seed a launched server gets: the harness's run seeds are up to 64-bit, and both SGLang and vLLM pass
+    theirs to numpy's legacy ``np.random.seed``, which refuses values of 2**32 and above (vLLM 0.32's CPU worker
+    then dies at start-up). Folded into 32 bits, deterministically."""
+    return int(seed) % 2**32
+
+
 class EngineError(RuntimeError):
     """A deployment could not start, became unhealthy, or drifted from the requested config."""
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autoresearch_dagster.engines.base import (
-    ConfigDriftError, EngineError, config_drift, http_request, read_server_info, run_engine_parser,
+    ConfigDriftError, EngineError, config_drift, http_request, read_server_info, run_engine_parser, server_seed,
 )
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
 from autoresearch_dagster.outputs.files import write_json
@@ -125,7 +125,7 @@ def sglang_argv(base: list[str], config: dict[str, Any], *, model_path: str, hos
                 served_model_name: str | None = None, extra_args: list[Any] | None = None) -> list[str]:
     """``base`` + the server flags the harness always sets + ``launch_flags(config)`` + extra args."""
     cmd = list(base) + ["--model-path", model_path, "--host", host, "--port", str(port),
-                        "--enable-metrics", "--enable-cache-report", "--random-seed", str(seed)]
+                        "--enable-metrics", "--enable-cache-report", "--random-seed", str(server_seed(seed))]
     if served_model_name:
         cmd += ["--served-model-name", str(served_model_name)]
     return cmd + launch_flags(config) + [str(a) for a in (extra_args or [])]

@@ -57,7 +57,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoresearch_dagster.engines.base import ConfigDriftError, EngineError, config_drift, http_request, run_engine_parser
+from autoresearch_dagster.engines.base import (
+    ConfigDriftError, EngineError, config_drift, http_request, run_engine_parser, server_seed,
+)
 from autoresearch_dagster.engines.sglang import ServerProcess, free_port
 from autoresearch_dagster.loadgen.failures import CONTEXT_TOO_LONG, ENGINE_CRASH, UNSUPPORTED_FEATURE, tally
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment, RunnerSettings
@@ -167,7 +169,7 @@ def resolved_config(vllm_config: dict[str, Any]) -> dict[str, Any]:
 def vllm_argv(base: list[str], config: dict[str, Any], *, model_path: str, host: str, port: int, seed: int,
               served_model_name: str | None = None, extra_args: list[Any] | None = None) -> list[str]:
     """``base`` + the flags the harness always sets + ``launch_flags(config, "vllm")`` + extra args."""
-    cmd = list(base) + ["--model", model_path, "--host", host, "--port", str(port), "--seed", str(seed)]
+    cmd = list(base) + ["--model", model_path, "--host", host, "--port", str(port), "--seed", str(server_seed(seed))]
     if served_model_name:
         cmd += ["--served-model-name", str(served_model_name)]
     return cmd + launch_flags(config, "vllm") + [str(a) for a in (extra_args or [])]

@@ -64,3 +64,15 @@ def test_read_server_info_parses_200_and_names_any_other_status(admin_url):
     assert read_server_info(admin_url, timeout=5) == {"page_size": 16}
     with pytest.raises(EngineError, match="answered HTTP 0"):
         read_server_info("http://127.0.0.1:1", timeout=2)
+
+
+def test_launched_servers_get_a_seed_numpy_accepts():
+    from autoresearch_dagster.engines.base import server_seed
+    from autoresearch_dagster.engines.sglang import sglang_argv
+    from autoresearch_dagster.engines.vllm import vllm_argv
+
+    big = 38591144773089  # a campaign experiment's run seed: vLLM 0.32's CPU worker died on it (np.random.seed)
+    assert 0 <= server_seed(big) < 2**32 and server_seed(big) == server_seed(big) and server_seed(7) == 7
+    v = vllm_argv(["vllm"], {}, model_path="m", host="h", port=1, seed=big)
+    s = sglang_argv(["sglang"], {}, model_path="m", host="h", port=1, seed=big)
+    assert int(v[v.index("--seed") + 1]) == server_seed(big) == int(s[s.index("--random-seed") + 1])
