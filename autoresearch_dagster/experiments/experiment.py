@@ -181,7 +181,9 @@ def correctness_check(endpoint: EndpointSpec, baseline: dict[str, Any], candidat
         else:
             deps.append(engine.deploy(baseline, seed=seed))
             deps.append(engine.deploy(candidate, seed=seed + 1))
-            options.setdefault("model", endpoint.model)
+            # the name the server answers to (a vLLM endpoint's served_model_name), else the endpoint's model
+            served = getattr(deps[0], "served_model", None)
+            options.setdefault("model", served() if callable(served) else endpoint.model)
             res = correctness.gate(deps[0].base_url, deps[1].base_url, options.pop("prompts", None), **options)
     except Exception as e:  # noqa: BLE001 -- a gate that cannot run does not pass
         return {"passed": False, "error": f"correctness gate failed to run: {type(e).__name__}: {e}"[:500]}
