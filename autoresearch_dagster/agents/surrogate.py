@@ -97,10 +97,13 @@ class Surrogate:
         self.cache: dict[str, SurrogatePoint] = {}
         self.evaluations = 0
         self.calibration: dict[str, Any] | None = None
-        # the efficiency factors a calibration fits (None: default_params, what a GPU load curve pins); a
-        # CPU engine's curve is set by its per-step and per-request costs (engine_options.calibrate_params)
-        params = endpoint.engine_options.get("calibrate_params")
-        self.params: tuple[str, ...] | None = tuple(params) if params else None
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The efficiency factors a calibration fits (``emulator.calibrate.endpoint_params``)."""
+        from autoresearch_dagster.emulator.calibrate import endpoint_params
+
+        return endpoint_params(self.endpoint)
 
     @property
     def model_id(self) -> str:
@@ -144,10 +147,9 @@ class Surrogate:
     def fit(self, config: dict[str, Any], points: list[Any], *, max_evals: int = 10) -> dict[str, Any]:
         """Fit the memory-bandwidth and GEMM/MoE efficiency to ``points`` (CurvePoints, each may name its own
         config); keeps the fit only if it lowers the error."""
-        from autoresearch_dagster.emulator.calibrate import calibrate, default_params
+        from autoresearch_dagster.emulator.calibrate import calibrate
 
-        view = emulator_view(self.endpoint, config)
-        res = calibrate(self.endpoint, config, self.pool, points, params=self.params or default_params(view.endpoint.model),
+        res = calibrate(self.endpoint, config, self.pool, points, params=self.params,
                         start=self.efficiency,
                         metrics=(("ttft_ms", "p50"), ("tpot_ms", "p50"), ("itl_ms", "p50")), max_evals=max_evals,
                         request_timeout_s=self.capacity.request_timeout_s)

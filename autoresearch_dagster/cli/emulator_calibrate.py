@@ -75,15 +75,10 @@ def _pool(args: argparse.Namespace, endpoint: Any, summary_pool: str | None) -> 
 
 
 def _params(args: argparse.Namespace, endpoint: Any) -> tuple[str, ...]:
-    from autoresearch_dagster.emulator.calibrate import default_params, fittable
+    from autoresearch_dagster.emulator.calibrate import endpoint_params, fittable
 
     if not args.params:
-        own = endpoint.engine_options.get("calibrate_params")  # what this endpoint's curve pins (e.g. a CPU engine)
-        if own:
-            return tuple(own)
-        from autoresearch_dagster.emulator.engine_view import emulator_view
-
-        return default_params(emulator_view(endpoint, {}).endpoint.model)
+        return endpoint_params(endpoint)
     params = tuple(p.strip() for p in args.params.split(",") if p.strip())
     unknown = [p for p in params if p not in fittable()]
     if not params or unknown:

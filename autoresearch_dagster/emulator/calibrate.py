@@ -62,6 +62,15 @@ def default_params(model: str) -> tuple[str, ...]:
     return ("mbu", "moe_mfu" if model_card(model).is_moe else "gemm_mfu")
 
 
+def endpoint_params(endpoint: Any) -> tuple[str, ...]:
+    """The factors a calibration of ``endpoint`` fits: its ``engine_options.calibrate_params`` (what a CPU engine's
+    curve pins), else ``default_params`` of the model the emulator sees for it (``engine_view``)."""
+    from autoresearch_dagster.emulator.engine_view import emulator_view
+
+    own = endpoint.engine_options.get("calibrate_params")
+    return tuple(own) if own else default_params(emulator_view(endpoint, {}).endpoint.model)
+
+
 @dataclass
 class CurvePoint:
     """One measured load step: the arrival rate and latency percentiles in ms ({"ttft_ms": {"p50": ...}, ...})."""
