@@ -66,7 +66,7 @@ TABLES: dict[str, pa.Schema] = {
                     ("server_info_json", _S), ("timings_json", _S), ("started_at", _TS), ("duration_s", _F),
                     ("gpu_seconds", _F), ("gpus_held", _F)),
     "load_steps": _schema(("run_id", _S), ("experiment_id", _S), ("step_index", _I), ("step_id", _S),
-                          ("kind", _S), ("rate_rps", _F), ("offered_rps", _F), ("achieved_rps", _F), ("goodput_rps", _F),
+                          ("kind", _S), ("rate_rps", _F), ("offered_rps", _F), ("n_sent", _I), ("achieved_rps", _F), ("goodput_rps", _F),
                           ("error_rate", _F), ("ttft_p50_ms", _F), ("ttft_p95_ms", _F), ("ttft_p99_ms", _F),
                           ("itl_p50_ms", _F), ("itl_p95_ms", _F), ("itl_p99_ms", _F),
                           ("tpot_p50_ms", _F), ("tpot_p95_ms", _F), ("tpot_p99_ms", _F),

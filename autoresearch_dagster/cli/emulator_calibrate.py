@@ -40,6 +40,9 @@ def register_calibrate(sub: Any) -> None:
     sp.add_argument("--below-knee", type=float, default=0.7,
                     help="fit steps at up to this fraction of the highest passing rate (default 0.7)")
     sp.add_argument("--max-evals", type=int, default=40, help="function evaluations of the fit (default 40)")
+    sp.add_argument("--restarts", type=int, default=4,
+                    help="when the fit from the documented factors leaves an RMS residual above 10%%, fit again from "
+                         "this many quasi-random starts inside the bounds and keep the best (default 4; 0: never)")
     sp.add_argument("--engine-version", help="engine version the curve came from, when its files do not record it")
     sp.add_argument("--dry-run", action="store_true", help="fit and print, store nothing")
     sp.set_defaults(func=_calibrate)
@@ -99,6 +102,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     if not 0 < args.below_knee <= 1:
         raise SpecError(f"--below-knee must be in (0, 1], got {args.below_knee}")
+    if args.restarts < 0:
+        raise SpecError(f"--restarts must be >= 0, got {args.restarts}")
     if args.max_evals < 1:
         raise SpecError(f"--max-evals must be >= 1, got {args.max_evals}")
     endpoint = load_endpoint(args.endpoint)
@@ -117,7 +122,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"calibrating {endpoint.name} ({endpoint.model} on {endpoint.gpus}x {endpoint.hardware.gpu}) on {len(points)} "
           f"steps of {curve.source} (engine {curve.engine or '?'} {version}); fitting {', '.join(params)}")
     res = calibrate(endpoint, config, pool, points, params=params, max_evals=args.max_evals,
-                    request_timeout_s=curve.request_timeout_s)
+                    request_timeout_s=curve.request_timeout_s, restarts=args.restarts)
     default = Efficiency()
     print(f"\n{'factor':<20}{'documented':>12}{'fitted':>12}{'change':>10}")
     for k, v in res.params.items():

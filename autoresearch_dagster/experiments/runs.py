@@ -141,7 +141,7 @@ class RunRecord:
         for i, s in enumerate(self.steps + ([self.reference_step] if self.reference_step else [])):
             row = {"run_id": self.run_id, "experiment_id": experiment_id, "step_index": i,
                    "step_id": s.get("step_id"),
-                   **{k: s.get(k) for k in ("kind", "rate_rps", "offered_rps", "achieved_rps", "goodput_rps",
+                   **{k: s.get(k) for k in ("kind", "rate_rps", "offered_rps", "n_sent", "achieved_rps", "goodput_rps",
                                             "error_rate", "sla_attainment", "send_lag_p99_ms", "duration_s",
                                             "meets_sla", "queue_growth", "valid")},
                    "failed_terms": [str(t) for t in s.get("failed_terms") or []],

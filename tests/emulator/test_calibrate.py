@@ -72,3 +72,32 @@ def test_calibration_fits_the_fixed_request_latency_by_name():
     res = calibrate(ep, {}, p, measured, params=("request_in_s",), metrics=(("ttft_ms", "p50"),), max_evals=20)
     assert res.params["request_in_s"] == pytest.approx(0.025, rel=0.1)
     assert res.initial_error["ttft_ms.p50"] > 0.2 > 0.02 > res.error["ttft_ms.p50"]
+
+
+def test_a_measured_step_is_replayed_for_its_send_window_not_its_drain():
+    """A loaded step's ``duration_s`` runs on until its last response; replaying its rate that long overloads the
+    emulator where the engine was not (the 8 req/s step of the vLLM baseline: 20 s of sends, 41 s in all)."""
+    ep = endpoint(model="llama-3.1-8b", gpu_name="H100", sla="ttft_p99<=5000ms,tpot_p99<=200ms")
+    p = pool(n=300, prompt_median=2500, prompt_sigma=0.3, output_median=400, output_sigma=0.3, seed=11)
+    steps = [s.to_dict() for s in predict(ep, {}, p, [CurvePoint(8.0, {}, duration_s=20.0, seed=0)], TRUTH)]
+    assert steps[0]["duration_s"] > 22.0  # the drain: the last sends finish well after the window
+    (pt,) = curve_points(steps)
+    assert pt.duration_s == pytest.approx(20.0, rel=0.1)
+    lake_row = {"kind": "capacity", "rate_rps": 4.0, "offered_rps": 4.2, "n_sent": 85, "duration_s": 31.0,
+                "ttft_p50_ms": 50.0, "valid": True}
+    old_row = {k: v for k, v in lake_row.items() if k != "n_sent"}  # written before the lake kept n_sent
+    assert curve_points([lake_row])[0].duration_s == pytest.approx(84 / 4.2)
+    assert curve_points([old_row])[0].duration_s == 31.0
+
+
+def test_restarts_leave_a_fit_that_stopped_far_from_the_curve():
+    """From a start far off (cheap prefill bound, decode at full bandwidth) a short local fit stays far from the
+    curve; quasi-random restarts inside the bounds find the factors that made it."""
+    ep = endpoint(model="llama-3.1-8b", gpu_name="H100", sla="ttft_p99<=5000ms,tpot_p99<=200ms")
+    p = pool(n=300, prompt_median=2500, prompt_sigma=0.3, output_median=80, output_sigma=0.3, seed=11)
+    measured = _measured(ep, p)
+    far = Efficiency(gemm_mfu=0.051, mbu=0.99, step_overhead_s=TRUTH.step_overhead_s)
+    stuck = calibrate(ep, {}, p, measured, start=far, max_evals=4)
+    found = calibrate(ep, {}, p, measured, start=far, max_evals=4, restarts=4)
+    assert max(stuck.error.values()) > 0.2 and max(found.error.values()) < 0.1
+    assert found.params["mbu"] == pytest.approx(0.6, rel=0.1) and found.n_evals > stuck.n_evals
