@@ -44,7 +44,7 @@ from autoresearch_dagster.emulator.engine_view import emulator_view  # noqa: E40
 from autoresearch_dagster.engines import make_engine  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
 from autoresearch_dagster.engines.vllm import vllm_python  # noqa: E402
-from autoresearch_dagster.measure.capacity import find_capacity  # noqa: E402
+from autoresearch_dagster.measure.capacity import find_capacity, reinterpolate  # noqa: E402
 from autoresearch_dagster.measure.profiles import measurement_profile  # noqa: E402
 from autoresearch_dagster.pool.adapt import AdaptedPool, limits_from_options  # noqa: E402
 from autoresearch_dagster.pool.build import build_pool  # noqa: E402
@@ -180,6 +180,9 @@ def main() -> int:
     if args.measured:
         rows = json.loads(args.measured.read_text())
         configs = [r["config"] for r in rows]
+        for r in rows:  # the measured curve's interpolated capacity by today's estimator
+            if r.get("summary") and Path(r["summary"]).exists():
+                r["capacity_interp_rps"] = reinterpolate(json.loads(Path(r["summary"]).read_text())["steps"])
     else:
         rows = []
         configs = [dict(spec.server_config)] + [{**spec.server_config, **parse_config(c)} for c in args.config]

@@ -63,6 +63,7 @@ from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
 from autoresearch_dagster.experiments.experiment import SharedControl, run_experiment  # noqa: E402
 from autoresearch_dagster.experiments.runs import INTERP_METRIC, HarnessSettings, RunRecord, execute_run  # noqa: E402
+from autoresearch_dagster.measure.capacity import reinterpolate  # noqa: E402
 from autoresearch_dagster.measure.profiles import CapacitySettings  # noqa: E402
 from autoresearch_dagster.outputs.files import atomic_write_bytes  # noqa: E402
 from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
@@ -181,6 +182,8 @@ def _load_banks(path: str | None, key: dict) -> list[RunRecord] | None:
         for f in dataclasses.fields(RunRecord):
             if f.name not in rec.__dict__:
                 rec.__dict__[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        # the interpolated capacity by today's estimator (from the run's own steps): a bank outlives estimator changes
+        rec.capacity_interp_rps = reinterpolate(rec.steps)
     return saved["runs"]
 
 

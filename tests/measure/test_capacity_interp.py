@@ -101,6 +101,18 @@ def test_a_lucky_pass_above_the_knee_does_not_pin_the_estimate_to_that_probe():
     assert interpolate_crossing(pts, max_extrapolation=0.0) == pytest.approx(24.0)  # the old clamp
 
 
+def test_a_pass_its_confirmation_refuted_is_not_the_highest_pass():
+    # vLLM's CPU build at max_num_seqs 4 (out/real-engine, 20 s steps): queueing behind 4 slots, a lucky pass at
+    # 3.0 req/s that its confirmation refuted, failures at 2.25 and 2.5, the confirmed capacity 2.0
+    pts = [(2.0, 0.92, True), (4.0, 11.67, False), (3.0, 0.59, True), (3.5, 7.50, False), (3.25, 8.24, False),
+           (3.125, 2.86, False), (3.0, 6.60, False), (2.5, 5.07, False), (2.25, 2.67, False), (2.0, 0.98, True)]
+    est = interpolate_crossing(pts)
+    assert 2.0 <= est < 2.25
+    assert interpolate_crossing([p for p in pts if p != (3.0, 6.60, False)]) > 3.0  # unrefuted, the pass stands
+    near_miss = [(3.0, 1.1, False) if p == (3.0, 6.60, False) else p for p in pts]
+    assert interpolate_crossing(near_miss) > 3.0  # a coin toss at the knee does not refute the pass
+
+
 def _outcome(window_s: float, e2e_s: float, n: int = 50) -> StepOutcome:
     recs = [RequestRecord(request_id=f"r{i}", step_id="s", scheduled_s=i * window_s / (n - 1),
                           sent_s=i * window_s / (n - 1), first_token_s=i * window_s / (n - 1) + 0.1,
