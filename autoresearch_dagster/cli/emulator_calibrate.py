@@ -69,12 +69,26 @@ def _pool(args: argparse.Namespace, endpoint: Any, summary_pool: str | None) -> 
     for p in candidates:
         if Path(p).exists():
             try:
-                return read_pool(p)
+                pool = read_pool(p)
             except FileNotFoundError as e:
                 raise SpecError(str(e)) from None
+            return _adapted(pool, endpoint)
     if args.pool:
         raise SpecError(f"--pool {args.pool} does not exist")
     raise SpecError(f"no replay pool for the measured curve (looked at {', '.join(map(str, candidates))}); pass --pool")
+
+
+def _adapted(pool: Any, endpoint: Any) -> Any:
+    """The pool as the engine was sent it: adapted to the endpoint's ``engine_options.adapt_pool`` limits (requests
+    over its context dropped, outputs trimmed or capped), said aloud; else as it is."""
+    from autoresearch_dagster.pool.adapt import AdaptedPool, limits_from_options
+
+    limits = limits_from_options(endpoint)
+    if limits is None:
+        return pool
+    adapted = AdaptedPool(pool, limits)
+    print(adapted.summary())
+    return adapted
 
 
 def _params(args: argparse.Namespace, endpoint: Any) -> tuple[str, ...]:

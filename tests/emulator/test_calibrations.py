@@ -111,6 +111,7 @@ def test_the_noise_command_output_is_a_measured_curve(tmp_path):
     ("toofew", [], "a calibration needs at least 2"),
     ("ok", ["--params", "warp_speed"], "cannot calibrate warp_speed"),
     ("ok", ["--below-knee", "2"], "--below-knee must be in"),
+    ("ok", ["--restarts", "-1"], "--restarts must be >= 0"),
 ])
 def test_calibrate_user_errors_are_one_line_and_exit_2(tmp_path, capsys, setup, args, message):
     spec = _spec(tmp_path)
@@ -138,3 +139,14 @@ def test_emulator_serve_runs_on_the_calibration_the_spec_names(measured, tmp_pat
                  str(lake), "--max-evals", "2"]) == 0
     ep = load_endpoint(_spec(tmp_path, "served", calibration="latest", calibration_lake=str(lake)))
     assert EmulatorServer(ep, None).core.cost.eff == calibrations.latest(lake, "small").to_efficiency()
+
+
+def test_the_calibration_replays_the_pool_as_the_engine_was_sent_it(measured, capsys):
+    """An endpoint whose engine gets an adapted pool (outputs capped by a gateway) is calibrated on that pool."""
+    tmp, _ = measured
+    spec = _spec(tmp, "capped", hidden_factors_seed=HIDDEN_SEED, adapt_pool={"max_output_tokens": 64})
+    capsys.readouterr()
+    assert main(["emulator", "calibrate", "--endpoint", str(spec), "--measured", str(tmp / "cap"), "--max-evals", "1",
+                 "--restarts", "0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "pool adapted to the endpoint's limits" in out and "capped output" in out
