@@ -15,7 +15,8 @@ whether each config moves capacity the same way as measured (direction agreement
 vLLM knobs are mapped onto the emulator's (SGLang's) inputs by ``emulator.engine_view`` (the mapping the
 campaign's surrogate uses; its docstring lists what maps to what and what is not modelled). Without
 ``make real-engine`` it says so and exits 0; ``--measured rows.json`` (an earlier ``--out``) prints the
-emulator column against those rows without starting vLLM.
+emulator column against those rows without starting vLLM (each row's interpolated capacity recomputed from
+its summary.json's steps by today's estimator, ``measure.capacity.reinterpolate``).
 
 ``--campaign DIR`` then runs the research campaign on the real engine (``autoresearch campaign run`` on
 ``tiny-vllm-cpu-capped.yaml`` with ``CAMPAIGN_FLAGS``: noise floor, calibration of the emulator on it,
