@@ -220,10 +220,14 @@ def main() -> int:
     ap.add_argument("--exact", type=float, default=None, metavar="EFFECT",
                     help="scale the measured faster/slower banks so their true capacity ratios are exactly 1+EFFECT "
                          "and 1-EFFECT (e.g. 0.05): each run keeps its own measured noise, only the effect is set")
+    ap.add_argument("--statistic", choices=("median", "hl"), default=stats.VERDICT_STATISTIC,
+                    help="the verdicts' comparison statistic: median ratio with a bootstrap interval (the harness's) "
+                         "or the Hodges-Lehmann shift of log capacities with its rank interval (a trial)")
     ap.add_argument("--estimator", choices=("interp", "search"), default="interp",
                     help="per-run capacity statistic of the verdicts: the interpolated SLA crossing (default) "
                          "or the search's highest confirmed passing rate")
     args = ap.parse_args()
+    stats.VERDICT_STATISTIC = args.statistic  # before the workers fork
     n_cmp = args.comparisons or (60 if args.quick else 200)
     n_bank = args.bank or (60 if args.quick else 120)
     if n_bank < 50:
@@ -269,18 +273,20 @@ def main() -> int:
         print(f"  verdicts use the {args.estimator} estimator ({metric})")
         base_caps = [r.value(metric) for r in banks["baseline"]]
         true_ratio = {}
+        # the true effect is the banks' median ratio whichever statistic the verdicts use (methods.md's effect), so
+        # both statistics face the same effect
         for arm in ("faster", "slower", "large"):
-            v = stats.verdict(base_caps, [r.value(metric) for r in banks[arm]], noise_cv=0.0)
-            true_ratio[arm] = v.ratio_median
+            ratio, lo, hi, _ = stats.median_ratio_interval(base_caps, [r.value(metric) for r in banks[arm]],
+                                                           confidence=0.95)
+            true_ratio[arm] = ratio
             what = f"speed {speeds[arm]:.4f}" if arm in speeds else f"config {LARGE_CHANGE}"
-            print(f"  true capacity ratio {arm} ({what}): {v.ratio_median:.4f} "
-                  f"(95% CI [{v.ci_low:.4f}, {v.ci_high:.4f}], {v.n_baseline} vs {v.n_candidate} runs)")
+            print(f"  true capacity ratio {arm} ({what}): {ratio:.4f} "
+                  f"(95% CI [{lo:.4f}, {hi:.4f}], {len(base_caps)} vs {len(banks[arm])} runs)")
         if args.exact is not None:
             for arm, want in (("faster", 1 + args.exact), ("slower", 1 - args.exact)):
                 factor = want / true_ratio[arm]
                 banks[arm] = [_scaled(r, factor) for r in banks[arm]]
-                true_ratio[arm] = stats.verdict(base_caps, [r.value(metric) for r in banks[arm]],
-                                                noise_cv=0.0).ratio_median
+                true_ratio[arm] = stats.median_ratio_interval(base_caps, [r.value(metric) for r in banks[arm]])[0]
                 print(f"  --exact: {arm} bank scaled by {factor:.4f} -> true capacity ratio {true_ratio[arm]:.4f}")
         if min(len(b) for b in banks.values()) < 50:
             print("too few valid runs in a bank to run comparisons", file=sys.stderr)

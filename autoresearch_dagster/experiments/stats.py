@@ -2,8 +2,15 @@
 
 Pure functions over run-level numbers (one capacity per independent run); no I/O.
 
-Bootstrap choice: ``scipy.stats.bootstrap`` with the BCa interval (10,000 resamples, whole runs
-resampled within each arm, seeded), as methods.md §1 recommends.
+Statistic (``VERDICT_STATISTIC``): the Hodges-Lehmann shift of log capacities, exp(median over all
+baseline x candidate pairs of log c_j - log b_i), with Lehmann's distribution-free interval (order
+statistics of the pairwise differences at the Mann-Whitney statistic's normal quantile). Robust like
+the median and about 0.8x its standard error on normal-like run noise: on the bench_verdicts banks at
+exactly +-5% (the same scaled banks for both) the shared procedure's power went from 74.0% / 86.5% to
+91.5% / 87.0% (reporting banks, run CV 3.6%) and from 93.0% / 93.0% to 99.0% / 94.5% (tuning banks),
+A/A still 0.0%, at fewer runs. ``"median"`` keeps methods.md §1's median ratio with a
+``scipy.stats.bootstrap`` BCa interval (10,000 resamples, whole runs resampled within each arm,
+seeded). The A/A noise floor is computed for the statistic in use.
 
 Confidence of the verdict interval: 90% two-sided (``DECISION_CONFIDENCE``), not the 95% of
 methods.md §1. Each verdict is a one-sided claim checked against one end of the interval (better:
@@ -38,6 +45,7 @@ VerdictName = Literal["better", "same", "worse", "undecided"]
 CONFIDENCE = 0.95  # reported intervals (the noise floor's CI of the median)
 DECISION_CONFIDENCE = 0.90  # the verdict interval: one-sided 95% bounds (see the module docstring)
 N_RESAMPLES = 10_000
+VERDICT_STATISTIC = "hl"  # "hl": Hodges-Lehmann shift, rank interval; "median": median ratio, bootstrap CI (methods.md)
 MIN_MARGIN = 0.02
 AA_DRAWS = 20_000
 
@@ -61,7 +69,7 @@ class NoiseFloor:
 @dataclass
 class Verdict:
     verdict: VerdictName
-    ratio_median: float  # median(candidate) / median(baseline); > 1 means the candidate is better
+    ratio_median: float  # the statistic's candidate/baseline ratio (Hodges-Lehmann, or the median ratio); > 1: better
     ci_low: float
     ci_high: float
     margin: float  # max(min_margin, noise_floor)
@@ -156,6 +164,33 @@ def _aa_floor(cv: float, n_baseline: int, n_candidate: int, quantile: float) -> 
     return float(np.quantile(np.abs(b / a - 1.0), quantile))
 
 
+@lru_cache(maxsize=256)
+def _aa_floor_hl(cv: float, n_baseline: int, n_candidate: int, quantile: float) -> float:
+    rng = np.random.default_rng(12345)
+    sigma = math.sqrt(math.log1p(cv * cv))
+    draws = AA_DRAWS // 5  # n x m pairs per draw: 4,000 draws keep the 95th percentile within ~1% of itself
+    a = rng.normal(0.0, sigma, (draws, n_baseline))
+    b = rng.normal(0.0, sigma, (draws, n_candidate))
+    chunk = max(1, 2_000_000 // max(1, n_baseline * n_candidate))  # bounded memory for large arms
+    pairs = n_baseline * n_candidate
+    shifts = np.concatenate([np.median((b[i:i + chunk, :, None] - a[i:i + chunk, None, :]).reshape(-1, pairs), axis=1)
+                             for i in range(0, draws, chunk)])
+    return float(np.quantile(np.abs(np.expm1(shifts)), quantile))
+
+
+def hl_ratio_interval(baseline: np.ndarray, candidate: np.ndarray, *, confidence: float) -> tuple[float, float, float]:
+    """The Hodges-Lehmann shift of log capacities as a ratio, exp(median over pairs of log c_j - log b_i), with
+    its distribution-free interval (Lehmann: the k-th smallest and largest pairwise differences, k from the
+    Mann-Whitney statistic's normal approximation). About 0.8x the standard error of the median ratio on
+    normal-like run noise, and no bootstrap."""
+    d = np.sort(np.subtract.outer(np.log(candidate), np.log(baseline)).ravel())
+    n, m = len(baseline), len(candidate)
+    z = float(sps.norm.ppf(0.5 + confidence / 2))
+    k = int(math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12.0)))
+    k = min(max(k, 0), len(d) - 1)
+    return float(math.exp(np.median(d))), float(math.exp(d[k])), float(math.exp(d[len(d) - 1 - k]))
+
+
 def aa_noise_floor(cv: float, n_baseline: int, n_candidate: int, *, quantile: float = 0.95) -> float:
     """The noise floor of a comparison (methods.md §1): the ``quantile`` of |median ratio - 1| between two
     arms of identical configs with these run counts, when single runs vary with coefficient ``cv``.
@@ -167,7 +202,8 @@ def aa_noise_floor(cv: float, n_baseline: int, n_candidate: int, *, quantile: fl
         raise ValueError(f"aa_noise_floor: cv must be a finite number >= 0, got {cv}")
     if cv == 0:
         return 0.0
-    return _aa_floor(round(float(cv), 6), int(n_baseline), int(n_candidate), float(quantile))
+    floor = _aa_floor_hl if VERDICT_STATISTIC == "hl" else _aa_floor
+    return floor(round(float(cv), 6), int(n_baseline), int(n_candidate), float(quantile))
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -201,8 +237,9 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
             upper_confidence: float | None = None, n_resamples: int = N_RESAMPLES) -> Verdict:
     """better | same | worse | undecided from run-level capacities (higher is better).
 
-    Statistic: median(candidate)/median(baseline) with a bootstrap CI (90% two-sided by default: each
-    verdict is a one-sided claim at 5%). Margin = max(min_margin, noise floor), the noise floor
+    Statistic: the Hodges-Lehmann ratio with its rank interval (``VERDICT_STATISTIC`` "median":
+    median(candidate)/median(baseline) with a bootstrap CI), 90% two-sided by default: each verdict is a
+    one-sided claim at 5%. ``ratio_median`` holds the statistic's ratio. Margin = max(min_margin, noise floor), the noise floor
     being the 95th percentile of |A/A effect| at these run counts given the run-level ``noise_cv``
     (``aa_noise_floor``, methods.md §1). better: CI entirely above
     1+margin; worse: CI entirely below 1-margin; same: CI inside [1-margin, 1+margin]; anything else
@@ -224,14 +261,21 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
     floor = aa_noise_floor(float(noise_cv), len(a), len(b))
     margin = verdict_margin(float(noise_cv), len(a), len(b), min_margin=min_margin)
     ratio = float(np.median(b) / np.median(a))
-    lo, hi, method = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=confidence,
-                                   n_resamples=n_resamples)
-    if upper_confidence is not None and upper_confidence < confidence:
-        _, hi_u, method_u = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=upper_confidence,
-                                          n_resamples=n_resamples)
-        hi = max(min(hi, hi_u), lo)
-        method = method if method_u == method else f"{method}/{method_u}"
+    split = upper_confidence is not None and upper_confidence < confidence
+    if VERDICT_STATISTIC == "hl" and np.all(a > 0) and np.all(b > 0):
+        ratio, lo, hi = hl_ratio_interval(a, b, confidence=confidence)
+        method = "degenerate" if np.ptp(a) == 0 and np.ptp(b) == 0 else "hodges-lehmann"
+        if split:
+            hi = max(min(hi, hl_ratio_interval(a, b, confidence=upper_confidence)[2]), lo)
     else:
+        lo, hi, method = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=confidence,
+                                       n_resamples=n_resamples)
+        if split:
+            _, hi_u, method_u = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=upper_confidence,
+                                              n_resamples=n_resamples)
+            hi = max(min(hi, hi_u), lo)
+            method = method if method_u == method else f"{method}/{method_u}"
+    if not split:
         upper_confidence = None
     if lo > 1 + margin:
         name, reason = "better", f"CI [{lo:.4f}, {hi:.4f}] above 1+margin={1 + margin:.4f}"

@@ -57,7 +57,7 @@ def test_a_drifted_baseline_drops_the_earlier_runs(endpoint, pool):
 
 
 def test_futility_stops_a_candidate_that_cannot_be_better(endpoint, pool):
-    eng = FakeEngine(cap_of({}), noise_cv=0.01)
+    eng = FakeEngine(cap_of({}), noise_cv=0.02)
     noise = _noise(endpoint, pool, eng)
     kw = dict(engine=eng, noise_cv=noise.capacity_cv, control=SharedControl(noise.runs))
     fut = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool,

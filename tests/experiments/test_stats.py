@@ -1,6 +1,8 @@
 """Verdict rules and bootstrap sanity on synthetic run-level capacities."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -95,8 +97,30 @@ def test_aa_noise_floor_shrinks_with_runs_and_grows_with_cv():
     assert f(0.0, 5, 5) == 0.0
     assert f(0.02, 5, 5) > f(0.02, 10, 10) > f(0.02, 20, 20)
     assert f(0.03, 10, 10) > f(0.02, 10, 10)
-    # normal approximation of the median: 1.96 * 1.2533 * cv * sqrt(2/n) at large n
-    assert f(0.02, 20, 20) == pytest.approx(1.96 * 1.2533 * 0.02 * (2 / 20) ** 0.5, rel=0.15)
+    # normal approximations at large n: the Hodges-Lehmann shift 1.96 * sqrt(pi/3) * cv * sqrt(2/n), the
+    # median ratio 1.96 * 1.2533 * cv * sqrt(2/n)
+    assert f(0.02, 20, 20) == pytest.approx(1.96 * (math.pi / 3) ** 0.5 * 0.02 * (2 / 20) ** 0.5, rel=0.15)
+
+
+def test_the_median_statistic_is_still_there(monkeypatch):
+    monkeypatch.setattr(stats, "VERDICT_STATISTIC", "median")
+    assert stats.aa_noise_floor(0.02, 20, 20) == pytest.approx(1.96 * 1.2533 * 0.02 * (2 / 20) ** 0.5, rel=0.15)
+    rng = np.random.default_rng(3)
+    v = stats.verdict(_sample(rng, 10.0, 0.02, 12), _sample(rng, 11.0, 0.02, 12), noise_cv=0.02)
+    assert v.verdict == "better" and v.ci_method in ("BCa", "percentile")
+
+
+def test_the_hodges_lehmann_ratio_is_tighter_than_the_median_ratio_on_normal_noise():
+    rng = np.random.default_rng(11)
+    widths = {"hl": [], "median": []}
+    for _ in range(30):
+        a, b = _sample(rng, 10.0, 0.04, 20), _sample(rng, 10.5, 0.04, 20)
+        r, lo, hi = stats.hl_ratio_interval(np.asarray(a), np.asarray(b), confidence=0.90)
+        assert lo <= r <= hi
+        widths["hl"].append(hi - lo)
+        _, mlo, mhi, _ = stats.median_ratio_interval(a, b, confidence=0.90, n_resamples=2000)
+        widths["median"].append(mhi - mlo)
+    assert np.median(widths["hl"]) < 0.9 * np.median(widths["median"])
 
 
 def test_spread_of_latency_quantiles():
