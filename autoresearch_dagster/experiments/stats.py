@@ -171,8 +171,8 @@ def _aa_floor_hl(cv: float, n_baseline: int, n_candidate: int, quantile: float) 
     draws = AA_DRAWS // 5  # n x m pairs per draw: 4,000 draws keep the 95th percentile within ~1% of itself
     a = rng.normal(0.0, sigma, (draws, n_baseline))
     b = rng.normal(0.0, sigma, (draws, n_candidate))
-    chunk = max(1, 2_000_000 // max(1, n_baseline * n_candidate))  # bounded memory for large arms
     pairs = n_baseline * n_candidate
+    chunk = max(1, 2_000_000 // max(1, pairs))  # draws per slice: bounded memory for large arms
     shifts = np.concatenate([np.median((b[i:i + chunk, :, None] - a[i:i + chunk, None, :]).reshape(-1, pairs), axis=1)
                              for i in range(0, draws, chunk)])
     return float(np.quantile(np.abs(np.expm1(shifts)), quantile))
