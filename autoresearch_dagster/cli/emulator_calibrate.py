@@ -61,6 +61,7 @@ def register_calibrate(sub: Any) -> None:
 
 
 def _pool(args: argparse.Namespace, endpoint: Any, summary_pool: str | None) -> Any:
+    from autoresearch_dagster.pool.adapt import adapt_to_endpoint
     from autoresearch_dagster.pool.schema import read_pool
     from autoresearch_dagster.results import ResultsLake
 
@@ -72,23 +73,10 @@ def _pool(args: argparse.Namespace, endpoint: Any, summary_pool: str | None) -> 
                 pool = read_pool(p)
             except FileNotFoundError as e:
                 raise SpecError(str(e)) from None
-            return _adapted(pool, endpoint)
+            return adapt_to_endpoint(pool, endpoint)  # as the engine was sent it
     if args.pool:
         raise SpecError(f"--pool {args.pool} does not exist")
     raise SpecError(f"no replay pool for the measured curve (looked at {', '.join(map(str, candidates))}); pass --pool")
-
-
-def _adapted(pool: Any, endpoint: Any) -> Any:
-    """The pool as the engine was sent it: adapted to the endpoint's ``engine_options.adapt_pool`` limits (requests
-    over its context dropped, outputs trimmed or capped), said aloud; else as it is."""
-    from autoresearch_dagster.pool.adapt import AdaptedPool, limits_from_options
-
-    limits = limits_from_options(endpoint)
-    if limits is None:
-        return pool
-    adapted = AdaptedPool(pool, limits)
-    print(adapted.summary())
-    return adapted
 
 
 def _params(args: argparse.Namespace, endpoint: Any) -> tuple[str, ...]:

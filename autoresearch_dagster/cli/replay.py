@@ -148,13 +148,9 @@ def _adapt(pool: Any, args: argparse.Namespace) -> tuple[Any, dict[str, Any] | N
     """The pool adapted to the endpoint's ``engine_options.adapt_pool`` limits (said aloud), else as it is."""
     if not args.endpoint:
         return pool, None
-    from autoresearch_dagster.pool.adapt import AdaptedPool, limits_from_options
-    limits = limits_from_options(load_endpoint(args.endpoint))
-    if limits is None:
-        return pool, None
-    adapted = AdaptedPool(pool, limits)
-    print(adapted.summary())
-    return adapted, adapted.adaptation
+    from autoresearch_dagster.pool.adapt import adapt_to_endpoint
+    adapted = adapt_to_endpoint(pool, load_endpoint(args.endpoint))
+    return adapted, (adapted.adaptation if adapted is not pool else None)
 
 
 def _failures(outcomes: list[Any]) -> dict[str, dict[str, Any]]:

@@ -176,8 +176,7 @@ def interpolate_crossing(points: list[tuple[float, float | None, bool]], *, wind
 
 def interpolate_capacity(steps: list[LoadStep], **kw: Any) -> float | None:
     """``interpolate_crossing`` over a search's valid capacity and confirm steps."""
-    return interpolate_crossing([(st.rate_rps, st.sla_ratio, st.passed) for st in steps
-                                 if st.kind in ("capacity", "confirm") and st.valid], **kw)
+    return reinterpolate([st.to_dict() for st in steps], **kw)
 
 
 def reinterpolate(steps: list[dict[str, Any]], **kw: Any) -> float | None:

@@ -152,6 +152,17 @@ class AdaptedPool:
                 f"of {a['requests']} requests")
 
 
+def adapt_to_endpoint(pool: Any, endpoint: EndpointSpec) -> Any:
+    """``pool`` as the endpoint's engine is sent it: an ``AdaptedPool`` under its ``engine_options.adapt_pool``
+    limits, with its summary printed (an adaptation is never silent); the pool itself when it has none."""
+    limits = limits_from_options(endpoint)
+    if limits is None:
+        return pool
+    adapted = AdaptedPool(pool, limits)
+    print(adapted.summary())
+    return adapted
+
+
 def write_adapted(pool: Any, limits: PoolLimits, out_dir: Any) -> Any:
     """``pool`` adapted to ``limits``, written as a pool directory of its own (its meta records the adaptation and
     the source pool's hash); returns the pool read back."""
