@@ -79,6 +79,9 @@ class CurvePoint:
     duration_s: float = 60.0
     seed: int = 0
     config: dict[str, Any] | None = None  # the server config it was measured on (None: the one ``calibrate`` gets)
+    # the measured step's own sends and first pool row (``measured_arrivals``): replayed as they were, not redrawn
+    offsets: list[float] | None = None
+    start_index: int | None = None
 
 
 @dataclass
@@ -119,8 +122,64 @@ def curve_points(steps: list[Any], *, duration_s: float | None = None) -> list[C
         if not metrics:
             continue
         dur = duration_s or send_window_s(d)
-        out.append(CurvePoint(float(d["rate_rps"]), metrics, duration_s=dur, seed=i))
+        sends = measured_arrivals(d)
+        out.append(CurvePoint(float(d["rate_rps"]), metrics, duration_s=dur, seed=i, offsets=sends,
+                              start_index=d.get("start_index") if sends is not None else None))
     return out
+
+
+def measured_arrivals(step: dict[str, Any]) -> list[float] | None:
+    """The send offsets a measured Poisson step used, redrawn from its recorded ``arrival_seed`` and ``burstiness``
+    (``measure.step.arrival_offsets``) and checked against its recorded offered rate; None when the step does not
+    record them or the redraw does not match (then the point replays a fresh draw at its rate).
+
+    Replaying the measured sends matters at the short low-rate steps a search starts with: 20-30 requests whose
+    realized rate is 0.7-1.5x the target (a step asked for 2 req/s offered 1.39 on the vLLM baseline) and whose
+    output lengths are heavy-tailed, so a fresh draw of rate and pool rows is a different load."""
+    seed, start, n = step.get("arrival_seed"), step.get("start_index"), int(step.get("n_sent") or 0)
+    rate = float(step.get("rate_rps") or 0.0)
+    if seed is None or start is None or n < 1 or rate <= 0:
+        return None
+    from autoresearch_dagster.measure.step import arrival_offsets
+
+    offsets = arrival_offsets(rate, n, seed=int(seed), burstiness=float(step.get("burstiness") or 1.0))
+    offered = step.get("offered_rps")
+    if n > 1 and offered:
+        span = offsets[-1] - offsets[0]
+        if span <= 0 or not math.isclose((n - 1) / span, float(offered), rel_tol=1e-6):
+            return None
+    return offsets
+
+
+def infer_arrivals(steps: list[dict[str, Any]], *, burstiness: float = 1.0, max_run_seed: int = 1000) -> list[dict[str, Any]]:
+    """``steps`` (one capacity search, in the order run, warm-up included) with ``arrival_seed``, ``start_index`` and
+    ``burstiness`` filled in where a file written before they were recorded lacks them: ``find_capacity`` draws step
+    ``k`` with seed ``run_seed x 1000 + k`` from pool row = the sends before it, so the run's seed is the one (of
+    0..``max_run_seed - 1``) whose redraws reproduce every step's recorded offered rate. Unchanged when none does
+    (or every step already records its arrivals)."""
+    if not steps or all(s.get("arrival_seed") is not None for s in steps):
+        return steps
+    starts, total = [], 0
+    for s in steps:
+        starts.append(total)
+        total += int(s.get("n_sent") or 0)
+    checks = sorted((k for k, s in enumerate(steps) if int(s.get("n_sent") or 0) > 1 and s.get("offered_rps")),
+                    key=lambda k: int(steps[k]["n_sent"]))
+    if not checks:
+        return steps
+    from autoresearch_dagster.measure.step import arrival_offsets
+
+    def matches(k: int, seed: int) -> bool:
+        s = steps[k]
+        n = int(s["n_sent"])
+        off = arrival_offsets(float(s["rate_rps"]), n, seed=seed, burstiness=burstiness)
+        return off[-1] > off[0] and math.isclose((n - 1) / (off[-1] - off[0]), float(s["offered_rps"]), rel_tol=1e-9)
+
+    for run_seed in range(max_run_seed):
+        if all(matches(k, run_seed * 1000 + k) for k in checks):
+            return [{**s, "arrival_seed": run_seed * 1000 + k, "start_index": starts[k], "burstiness": burstiness}
+                    if s.get("arrival_seed") is None else s for k, s in enumerate(steps)]
+    return steps
 
 
 def send_window_s(step: dict[str, Any]) -> float:
@@ -158,10 +217,14 @@ def predict(endpoint: Any, config: dict[str, Any], pool: Any, points: list[Curve
         dep = VirtualDeployment(endpoint, config if p.config is None else p.config, seed=p.seed,
                                 noise=NoiseSettings.off(), efficiency=eff,
                                 sample_interval_s=0)
-        offsets = step_offsets(p.rate_rps, p.duration_s, seed=p.seed)
+        if p.offsets is not None:
+            offsets, first = p.offsets, p.start_index or 0
+        else:
+            offsets = step_offsets(p.rate_rps, p.duration_s, seed=p.seed)
+            first = k * len(offsets)
         out.append(run_offsets(dep, pool, offsets, endpoint.sla, rate_rps=p.rate_rps, model=endpoint.model,
                                seed=p.seed, step_id=f"cal{k}", request_timeout_s=request_timeout_s,
-                               start_index=k * len(offsets)).step)
+                               start_index=first).step)
     return out
 
 

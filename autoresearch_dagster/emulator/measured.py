@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoresearch_dagster.emulator.calibrate import infer_arrivals
 from autoresearch_dagster.measure.profiles import REQUEST_TIMEOUT_S
 from autoresearch_dagster.spec import SpecError
 
@@ -54,6 +55,7 @@ def _from_capacity(path: Path) -> MeasuredCurve:
     if not isinstance(steps, list):
         raise SpecError(f"{path} has no 'steps' list (is it the summary.json of `autoresearch replay capacity`?)")
     settings = d.get("settings") or {}
+    steps = infer_arrivals(steps, burstiness=float(settings.get("burstiness") or 1.0))
     return MeasuredCurve(steps=steps, source=str(path), kind="capacity", config=d.get("server_config"),
                          pool_path=d.get("pool"), pool_hash=d.get("pool_hash"), engine=d.get("engine"),
                          engine_version=d.get("engine_version"),
@@ -72,7 +74,7 @@ def _from_noise(path: Path) -> MeasuredCurve:
         return float(v if v is not None else r.get("capacity_rps") or 0.0)
 
     run = min(runs, key=lambda r: abs(value(r) - float(median if median is not None else value(r))))
-    return MeasuredCurve(steps=run["steps"], source=str(path), kind="noise", config=run.get("config"),
+    return MeasuredCurve(steps=infer_arrivals(run["steps"]), source=str(path), kind="noise", config=run.get("config"),
                          engine=d.get("engine") or run.get("engine"),
                          engine_version=d.get("engine_version") or run.get("engine_version"),
                          notes=[f"the median-capacity run {run.get('run_id')} of {len(runs)} valid runs"])

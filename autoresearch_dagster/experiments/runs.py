@@ -143,7 +143,8 @@ class RunRecord:
                    "step_id": s.get("step_id"),
                    **{k: s.get(k) for k in ("kind", "rate_rps", "offered_rps", "n_sent", "achieved_rps", "goodput_rps",
                                             "error_rate", "sla_attainment", "send_lag_p99_ms", "duration_s",
-                                            "meets_sla", "queue_growth", "valid")},
+                                            "meets_sla", "queue_growth", "valid", "arrival_seed", "start_index",
+                                            "burstiness")},
                    "failed_terms": [str(t) for t in s.get("failed_terms") or []],
                    "invalid_reasons": [str(t) for t in s.get("invalid_reasons") or []]}
             for metric in ("ttft", "itl", "tpot", "e2e"):

@@ -71,6 +71,11 @@ class LoadStep:
     # max over the SLA's quantile terms (and the error limit) of measured / bound: > 1 breaks the SLA
     sla_ratio: float | None = None
     kind: str = "capacity"  # capacity | confirm | warmup | shape
+    # How a Poisson step's sends were drawn (``poisson_step``), so the same traffic can be replayed elsewhere (the
+    # emulator's calibration, ``arrival_offsets``): the generator's seed, the first pool row, the burstiness.
+    arrival_seed: int | None = None
+    start_index: int | None = None
+    burstiness: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -296,6 +301,22 @@ def poisson_step(deployment: Deployment, pool: Any, sla: SLA, *, rate_rps: float
                  progress: Any = None) -> StepRun:
     """One load step at ``rate_rps`` for ``duration_s`` (at least ``min_completed`` requests sent)."""
     offsets = step_offsets(rate_rps, duration_s, seed=seed, burstiness=burstiness, min_requests=min_completed)
-    return run_offsets(deployment, pool, offsets, sla, rate_rps=rate_rps, model=model, seed=seed, step_id=step_id,
-                       request_timeout_s=request_timeout_s, start_index=start_index, flush_cache=flush_cache,
-                       kind=kind, min_completed=min_completed, progress=progress)
+    run = run_offsets(deployment, pool, offsets, sla, rate_rps=rate_rps, model=model, seed=seed, step_id=step_id,
+                      request_timeout_s=request_timeout_s, start_index=start_index, flush_cache=flush_cache,
+                      kind=kind, min_completed=min_completed, progress=progress)
+    run.step.arrival_seed, run.step.start_index, run.step.burstiness = seed, start_index, float(burstiness)
+    return run
+
+
+def arrival_offsets(rate_rps: float, n: int, *, seed: int, burstiness: float = 1.0) -> list[float]:
+    """The first ``n`` send offsets of the arrival stream ``step_offsets`` draws for (rate, seed, burstiness): the
+    sends of a step that sent ``n``, however long it held (the draws continue one generator, so a longer hold only
+    appends to the same stream)."""
+    if n < 1:
+        return []
+    duration = (1.5 * n + 10) / rate_rps
+    while True:
+        offsets = poisson_offsets(rate_rps, duration, seed=seed, burstiness=burstiness)
+        if len(offsets) >= n:
+            return offsets[:n]
+        duration *= 2

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from autoresearch_dagster.emulator.calibrate import CurvePoint, calibrate, curve_points, predict
+from autoresearch_dagster.emulator.calibrate import (
+    CurvePoint, calibrate, curve_points, infer_arrivals, measured_arrivals, predict)
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.spec import SpecError
 
-from .helpers import endpoint, pool
+from .helpers import capacity, endpoint, pool
 
 TRUTH = Efficiency(gemm_mfu=0.45, mbu=0.6, step_overhead_s=0.002)
 
@@ -101,3 +102,37 @@ def test_restarts_leave_a_fit_that_stopped_far_from_the_curve():
     found = calibrate(ep, {}, p, measured, start=far, max_evals=4, restarts=4)
     assert max(stuck.error.values()) > 0.2 and max(found.error.values()) < 0.1
     assert found.params["mbu"] == pytest.approx(0.6, rel=0.1) and found.n_evals > stuck.n_evals
+
+
+def test_a_measured_search_step_is_replayed_with_its_own_sends():
+    """A search step records how its sends were drawn; the calibration replays those sends and pool rows, not a
+    fresh draw (20-30 requests at a low rate: the realized rate and the heavy-tailed outputs differ per draw)."""
+    sla = "ttft_p99<=5000ms,tpot_p99<=200ms"
+    p = pool(n=300, prompt_median=500, prompt_sigma=0.5, output_median=60, output_sigma=0.8, seed=3)
+    res = capacity({}, p, sla=sla, model="llama-3.1-8b", gpu_name="H100", seed=7)
+    steps = [s.to_dict() for s in res.steps]
+    assert [s["arrival_seed"] for s in steps] == [7000 + k for k in range(len(steps))]
+    assert [s["start_index"] for s in steps] == [sum(x["n_sent"] for x in steps[:k]) for k in range(len(steps))]
+    kept = [s for s in steps if s["kind"] != "warmup" and s["valid"] and s["n_ok"]]
+    pts = curve_points(kept)
+    assert len(pts) == len(kept) >= 3
+    assert all(pt.offsets is not None and len(pt.offsets) == s["n_sent"] for pt, s in zip(pts, kept))
+    ep = endpoint(model="llama-3.1-8b", gpu_name="H100", sla=sla)
+    replayed = predict(ep, {}, p, pts, Efficiency())
+    # the emulator under its own default factors is the engine that measured them: the replay is the same load
+    for st, got in zip(kept, replayed):
+        assert got.n_sent == st["n_sent"] and got.offered_rps == pytest.approx(st["offered_rps"], rel=1e-9)
+        assert got.ttft_ms["p50"] == pytest.approx(st["ttft_ms"]["p50"], rel=0.02)
+    # a record whose redraw does not give its offered rate is not trusted: a fresh draw at its rate instead
+    assert measured_arrivals({**steps[2], "offered_rps": steps[2]["offered_rps"] * 1.01}) is None
+
+
+def test_arrivals_of_a_search_written_before_they_were_recorded_are_inferred():
+    p = pool(n=300, prompt_median=500, prompt_sigma=0.5, output_median=60, seed=3)
+    res = capacity({}, p, sla="ttft_p99<=5000ms,tpot_p99<=200ms", model="llama-3.1-8b", gpu_name="H100", seed=12)
+    steps = [s.to_dict() for s in res.steps]
+    old = [{k: v for k, v in s.items() if k not in ("arrival_seed", "start_index", "burstiness")} for s in steps]
+    back = infer_arrivals(old)
+    assert [(s["arrival_seed"], s["start_index"]) for s in back] == [(s["arrival_seed"], s["start_index"]) for s in steps]
+    shuffled = [old[0], *old[2:], old[1]]  # not the order the search ran: no run seed reproduces it
+    assert infer_arrivals(shuffled) == shuffled
