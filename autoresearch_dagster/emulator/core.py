@@ -15,7 +15,10 @@ Modelled after SGLang 0.5.23's scheduler (``managers/scheduler.py``, ``schedule_
 - prefill has priority over decode unless a ``prefill_decode_interval`` is armed (N decode rounds
   after every prefill/extend batch, while the running batch has >= min_bs requests);
 - ``enable_mixed_chunk`` runs the running decodes inside the chunked-prefill step (one token each,
-  also under speculative decoding, as SGLang's mixed steps degrade them to a plain decode);
+  also under speculative decoding, as SGLang's mixed steps degrade them to a plain decode), and those decode
+  tokens come out of the step's budgets: ``PrefillAdder(mixed_with_decode_tokens=running_bs)`` takes them off
+  the chunk, input and total tokens, so a chunk of 256 beside 200 decodes prefills 56 tokens (vLLM's
+  ``max_num_batched_tokens`` is the same shared budget); with nothing left the step is a decode round;
 - decode rounds retract requests (fewest generated tokens, longest prompt first) when KV runs out,
   and re-estimate the new-token ratio; the ratio decays from 0.7 x conservativeness to 14% of it
   over 600 decode steps;
@@ -315,6 +318,12 @@ class _Replica:
         rem_chunk = self.cps if self.cps is not None else math.inf
         rem_input = self.max_prefill
         rem_total = self.available() - self.ratio * self.reserve_remaining
+        if self.mixed and self.n_running:  # the decodes riding in a mixed step take their tokens first
+            rem_chunk -= self.n_running
+            rem_input -= self.n_running
+            rem_total -= self.n_running
+            if rem_chunk <= 0:
+                return None
         segs: list[tuple[_Req, int, int]] = []
         if self.chunked is not None:
             r = self.chunked

@@ -242,3 +242,24 @@ def test_tensor_parallel_splits_weight_traffic_and_pays_all_reduce():
     pcie = CostModel(m, gpu("L40S"), tp=2, fp8_weights=False, kv_bytes=2).step(prefill_tokens=8192, prefill_seqs=1)
     nvlink = CostModel(m, g, tp=2, fp8_weights=False, kv_bytes=2).step(prefill_tokens=8192, prefill_seqs=1)
     assert pcie.comm_s > 5 * nvlink.comm_s  # PCIe all-reduce of a prefill's activations is far slower
+
+
+def test_decodes_in_a_mixed_step_take_their_tokens_out_of_the_chunk():
+    # SGLang's PrefillAdder(mixed_with_decode_tokens=running_bs) takes the running decodes off the chunk budget (as
+    # vLLM's max_num_batched_tokens counts them): a 4096-token prompt beside 100 decodes prefills 156 tokens a step
+    c = core({"enable_mixed_chunk": True, "chunked_prefill_size": 256}, model="llama-3.1-8b", gpu_name="H100")
+    now = 0.0
+    for r in reqs(100, 32, 5000, prefix="bg"):
+        c.add_request(r, now)
+    while c.replicas[0].n_running < 100:
+        now = c.next_step(now).end_s
+    c.add_request(EmuRequest("long", 4096, 8), now)
+    chunks = 0
+    while True:
+        step = c.next_step(now)
+        now = step.end_s
+        chunks += step.kind == "mixed"
+        if any(e.rid == "long" for e in step.events):
+            break
+    assert c.replicas[0].n_running >= 100
+    assert chunks == -(-4096 // (256 - 100))  # 27 chunks; a budget that ignored the decodes took 16
