@@ -114,7 +114,8 @@ HIDDEN_SPREAD = 0.30
 # Bump when the cost model's mechanics change what a config costs (a new mechanism, a changed formula), so
 # results cached on emulator numbers (benchmarks/bench_search_truth.json) are recomputed, not reused.
 # 2: eb9b54c (overlap scheduler, CUDA-graph padding, per-request decode cost, fp8 rates, fixed request latency).
-COST_MODEL_VERSION = 2
+# 3: a mixed step's decodes come out of the chunk budget (core.py, SGLang's mixed_with_decode_tokens).
+COST_MODEL_VERSION = 3
 
 
 def cost_model_fingerprint() -> str:
