@@ -9,8 +9,12 @@ failures by class. Beside each measured row, the emulator's prediction for the s
 the tiny Llama's config.json as the model card, the catalog's ``CPU-SPR-2C`` device (this machine's 2
 cores, measured by benchmarks/bench_cpu_peak.py), the same pool, SLA and capacity protocol in virtual
 time, with the default efficiency factors and, with ``--calibration vN.json`` (``autoresearch emulator
-calibrate`` on the baseline's measured summary.json), with calibrated ones; then predicted vs measured and
-whether each config moves capacity the same way as measured (direction agreement vs the baseline).
+calibrate`` on the baseline's measured summary.json), with calibrated ones, each the median of ``--searches``
+emulated searches (their range in brackets: one search's draw of sends and pool rows moves a small-slot config's
+crossing by up to 2x); then predicted vs measured and whether each config moves capacity the same way as measured
+(direction agreement vs the baseline). With a calibration, every measured step of every config is also replayed
+on the calibrated emulator with its own sends (``emulator.calibrate.replay_measured``): SLA verdict agreement and
+the error of each step's TTFT and TPOT p99, the model's error without any search's draw in it.
 
 vLLM knobs are mapped onto the emulator's (SGLang's) inputs by ``emulator.engine_view`` (the mapping the
 campaign's surrogate uses; its docstring lists what maps to what and what is not modelled). Without
@@ -88,18 +92,61 @@ def campaign(out: Path, work: Path, lake: Path) -> int:
     return 0
 
 
-def predict(spec, vllm_config: dict, pool, settings, seed: int, efficiency=None) -> dict:
+def predict(spec, vllm_config: dict, pool, settings, seed: int, efficiency=None, searches: int = 1) -> dict:
     """The emulator's capacity for ``vllm_config`` (its view of the vLLM endpoint, virtual time, the CLI's
-    capacity search)."""
+    capacity search): the median of ``searches`` searches with seeds ``seed``, ``seed + 1``, ... (each search
+    draws its own sends and pool rows; at a queue of a few slots one draw moves the crossing by tens of percent,
+    and the prediction is of the config, not of one draw), with their range."""
     view = emulator_view(spec, vllm_config)
-    dep = EmulatorEngine(view.endpoint, efficiency=efficiency).deploy(view.config, seed=seed)
-    try:
-        res = find_capacity(dep, pool, view.endpoint.sla, gpus=view.endpoint.gpus, model=view.endpoint.model,
-                            settings=settings, seed=seed)
-    finally:
-        dep.close()
-    return {"capacity_rps": res.capacity_rps, "capacity_interp_rps": res.capacity_interp_rps, "valid": res.valid,
-            "emulator_config": view.config, "not_modelled": view.not_modelled}
+    caps, interps, valid = [], [], []
+    for j in range(searches):
+        dep = EmulatorEngine(view.endpoint, efficiency=efficiency).deploy(view.config, seed=seed + j)
+        try:
+            res = find_capacity(dep, pool, view.endpoint.sla, gpus=view.endpoint.gpus, model=view.endpoint.model,
+                                settings=settings, seed=seed + j)
+        finally:
+            dep.close()
+        caps.append(res.capacity_rps)
+        interps.append(res.capacity_interp_rps if res.capacity_interp_rps is not None else res.capacity_rps)
+        valid.append(res.valid)
+    return {"capacity_rps": statistics.median(caps), "capacity_interp_rps": statistics.median(interps),
+            "valid": all(valid), "searches": interps, "emulator_config": view.config, "not_modelled": view.not_modelled}
+
+
+def replay_table(spec, rows: list[dict], pool, efficiency) -> None:
+    """Each measured config's steps replayed on the emulator with their own sends (``replay_measured``): whether
+    each step meets the SLA on both, and the error of its TTFT and TPOT p99, per config (the model's error
+    without the search's draw)."""
+    from autoresearch_dagster.emulator.calibrate import infer_arrivals, replay_measured
+
+    print("\nmeasured steps replayed with their own sends (calibrated factors): SLA verdict agreement, |error| of "
+          "the step's TTFT / TPOT p99 (median over steps)")
+    agree_all = total_all = 0
+    ttft_all: list[float] = []
+    tpot_all: list[float] = []
+    for r in rows:
+        if not r.get("summary") or not Path(r["summary"]).exists():
+            continue
+        d = json.loads(Path(r["summary"]).read_text())
+        steps = infer_arrivals(d["steps"], burstiness=float((d.get("settings") or {}).get("burstiness") or 1.0))
+        own = sum(1 for s in steps if s.get("arrival_seed") is not None)
+        view = emulator_view(spec, r["config"])
+        pairs = replay_measured(view.endpoint, view.config, steps, pool, efficiency,
+                                request_timeout_s=float((d.get("settings") or {}).get("request_timeout_s") or 60.0))
+        agree = sum(1 for s, p in pairs if bool(s.get("passed", s.get("meets_sla"))) == p.passed)
+        errs = {m: [abs(p_v / s_v - 1) for s, p in pairs
+                    if (s_v := (s.get(m) or {}).get("p99")) and (p_v := getattr(p, m).get("p99")) is not None]
+                for m in ("ttft_ms", "tpot_ms")}
+        agree_all += agree
+        total_all += len(pairs)
+        ttft_all += errs["ttft_ms"]
+        tpot_all += errs["tpot_ms"]
+        med = {m: f"{statistics.median(v):.0%}" if v else "-" for m, v in errs.items()}
+        print(f"  {json.dumps(r['config']):60s} steps {len(pairs):2d} (own sends {own:2d})  verdict agree "
+              f"{agree}/{len(pairs)}  TTFT p99 {med['ttft_ms']:>4s}  TPOT p99 {med['tpot_ms']:>4s}")
+    if total_all:
+        print(f"  all configs: verdict agree {agree_all}/{total_all}, TTFT p99 |error| median "
+              f"{statistics.median(ttft_all):.0%}, TPOT p99 |error| median {statistics.median(tpot_all):.0%}")
 
 
 def cap(row: dict) -> float:
@@ -159,6 +206,8 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=8)
     ap.add_argument("--start-rps", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--searches", type=int, default=5,
+                    help="emulated capacity searches per config and column (median; default 5)")
     ap.add_argument("--calibration", type=Path, help="a calibration file (v<N>.json) for the calibrated column")
     ap.add_argument("--measured", type=Path, help="rows from an earlier --out: predict against them, start no vLLM")
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
@@ -206,21 +255,24 @@ def main() -> int:
               f"{'valid' if r['valid'] else 'INVALID'}  ttft p99 {r['ttft_p99_ms'] or float('nan'):.0f} ms  "
               f"tpot p99 {r['tpot_p99_ms'] or float('nan'):.0f} ms  lag-invalid steps {r['lag_invalid_steps']}/"
               f"{r['steps']}  failures {r['failures'] or 'none'}", flush=True)
-        r["emulator_default"] = predict(spec, cfg, pool, settings, args.seed)
+        r["emulator_default"] = predict(spec, cfg, pool, settings, args.seed, searches=args.searches)
         if calibrated is not None:
-            r["emulator_calibrated"] = predict(spec, cfg, pool, settings, args.seed, calibrated)
+            r["emulator_calibrated"] = predict(spec, cfg, pool, settings, args.seed, calibrated, searches=args.searches)
     print(f"\nSLA {spec.sla}; emulator: {emulator_view(spec, {}).endpoint.hardware.gpu}, card {model_json.relative_to(ROOT)}; "
           f"not modelled: {sorted({k for r in rows for k in r['emulator_default']['not_modelled']}) or 'none'}")
     cols = ["emulator_default"] + (["emulator_calibrated"] if calibrated is not None else [])
-    print("capacities: the interpolated SLA crossing (req/s), as the campaign's verdicts compare them")
-    print(f"{'vLLM config':48s} {'measured':>9s} " + " ".join(f"{c.split('_')[1]:>10s}" for c in cols)
+    print("capacities: the interpolated SLA crossing (req/s), as the campaign's verdicts compare them; emulator "
+          f"columns: the median of {args.searches} searches (range in brackets)")
+    print(f"{'vLLM config':48s} {'measured':>9s} " + " ".join(f"{c.split('_')[1]:>20s}" for c in cols)
           + "  direction vs baseline (measured / " + " / ".join(c.split("_")[1] for c in cols) + ")")
     base = rows[0]
     agree = {c: [0, 0] for c in cols}
     errors: dict[str, list[float]] = {c: [] for c in cols}
     for r in rows:
         cfg = {k: v for k, v in r["config"].items() if base["config"].get(k) != v} or "baseline"
-        line = f"{json.dumps(cfg):48s} {cap(r):9.3g} " + " ".join(f"{cap(r[c]):10.3g}" for c in cols)
+        line = f"{json.dumps(cfg):48s} {cap(r):9.3g} " + " ".join(
+            f"{cap(r[c]):7.3g} [{min(r[c].get('searches') or [cap(r[c])]):.3g}-{max(r[c].get('searches') or [cap(r[c])]):.3g}]"
+            for c in cols)
         if r is not base and cap(base) > 0:
             m = direction(cap(r), cap(base))
             ds = [direction(cap(r[c]), cap(base[c])) if cap(base[c]) > 0 else None
@@ -239,6 +291,8 @@ def main() -> int:
             e = sorted(abs(x) for x in errors[c])
             print(f"capacity error ({c.split('_')[1]} factors, the {len(e)} configs other than the baseline): median "
                   f"{statistics.median(e):.1%}, worst {e[-1]:.1%} (" + ", ".join(f"{x:+.0%}" for x in errors[c]) + ")")
+    if calibrated is not None:
+        replay_table(spec, rows, pool, calibrated)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
     if args.campaign:

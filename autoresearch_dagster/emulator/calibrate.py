@@ -18,7 +18,7 @@ a profile or with a second model size. Fit only what the curve can see.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -226,6 +226,24 @@ def predict(endpoint: Any, config: dict[str, Any], pool: Any, points: list[Curve
                                seed=p.seed, step_id=f"cal{k}", request_timeout_s=request_timeout_s,
                                start_index=first).step)
     return out
+
+
+def replay_measured(endpoint: Any, config: dict[str, Any], steps: list[dict[str, Any]], pool: Any, eff: Efficiency, *,
+                    request_timeout_s: float = REQUEST_TIMEOUT_S) -> list[tuple[dict[str, Any], Any]]:
+    """Each measured step a calibration could use (``curve_points``' filter) beside the emulator's LoadStep for the
+    same sends (``measured_arrivals``; a fresh draw at its rate where the step does not record them).
+
+    This is how far the emulator is off where a config was measured, step by step, without the capacity search's
+    own draw in the comparison: a search at a 2-16-slot queue with 20-80 heavy-tailed requests a step moves its
+    capacity by tens of percent from one draw to the next, so a predicted-vs-measured capacity mixes the model's
+    error with that noise."""
+    pairs = []
+    for i, s in enumerate(steps):
+        pts = curve_points([s])
+        if pts:
+            pairs.append((s, replace(pts[0], seed=i)))
+    pred = predict(endpoint, config, pool, [p for _, p in pairs], eff, request_timeout_s=request_timeout_s)
+    return [(s, st) for (s, _), st in zip(pairs, pred)]
 
 
 def _residuals(pred: list[Any], points: list[CurvePoint], metrics) -> tuple[np.ndarray, list[str]]:

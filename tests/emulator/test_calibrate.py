@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from autoresearch_dagster.emulator.calibrate import (
-    CurvePoint, calibrate, curve_points, infer_arrivals, measured_arrivals, predict)
+    CurvePoint, calibrate, curve_points, infer_arrivals, measured_arrivals, predict, replay_measured)
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.spec import SpecError
 
@@ -136,3 +136,15 @@ def test_arrivals_of_a_search_written_before_they_were_recorded_are_inferred():
     assert [(s["arrival_seed"], s["start_index"]) for s in back] == [(s["arrival_seed"], s["start_index"]) for s in steps]
     shuffled = [old[0], *old[2:], old[1]]  # not the order the search ran: no run seed reproduces it
     assert infer_arrivals(shuffled) == shuffled
+
+
+def test_replaying_a_measured_search_step_by_step():
+    sla = "ttft_p99<=5000ms,tpot_p99<=200ms"
+    p = pool(n=300, prompt_median=500, prompt_sigma=0.5, output_median=60, output_sigma=0.8, seed=3)
+    steps = [s.to_dict() for s in capacity({}, p, sla=sla, model="llama-3.1-8b", gpu_name="H100", seed=5).steps]
+    ep = endpoint(model="llama-3.1-8b", gpu_name="H100", sla=sla)
+    same = replay_measured(ep, {}, steps, p, Efficiency())
+    assert [s["step_id"] for s, _ in same] == [s["step_id"] for s in steps if s["kind"] != "warmup"]
+    assert all(st.n_sent == s["n_sent"] and st.passed == s["passed"] for s, st in same)
+    slow = replay_measured(ep, {}, steps, p, Efficiency(mbu=0.3, step_overhead_s=0.004))
+    assert all(st.tpot_ms["p50"] > 1.3 * s["tpot_ms"]["p50"] for s, st in slow)
