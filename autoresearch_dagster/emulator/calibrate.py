@@ -136,13 +136,21 @@ def measured_arrivals(step: dict[str, Any]) -> list[float] | None:
     Replaying the measured sends matters at the short low-rate steps a search starts with: 20-30 requests whose
     realized rate is 0.7-1.5x the target (a step asked for 2 req/s offered 1.39 on the vLLM baseline) and whose
     output lengths are heavy-tailed, so a fresh draw of rate and pool rows is a different load."""
-    seed, start, n = step.get("arrival_seed"), step.get("start_index"), int(step.get("n_sent") or 0)
-    rate = float(step.get("rate_rps") or 0.0)
-    if seed is None or start is None or n < 1 or rate <= 0:
+    seed, start = step.get("arrival_seed"), step.get("start_index")
+    if seed is None or start is None:
+        return None
+    return _redraw(step, int(seed), float(step.get("burstiness") or 1.0))
+
+
+def _redraw(step: dict[str, Any], seed: int, burstiness: float) -> list[float] | None:
+    """The first ``n_sent`` sends of the arrival stream for (the step's rate, ``seed``, ``burstiness``), or None
+    when their span does not give the step's recorded offered rate ((n - 1) / span, ``summarize_step``'s)."""
+    n, rate = int(step.get("n_sent") or 0), float(step.get("rate_rps") or 0.0)
+    if n < 1 or rate <= 0:
         return None
     from autoresearch_dagster.measure.step import arrival_offsets
 
-    offsets = arrival_offsets(rate, n, seed=int(seed), burstiness=float(step.get("burstiness") or 1.0))
+    offsets = arrival_offsets(rate, n, seed=seed, burstiness=burstiness)
     offered = step.get("offered_rps")
     if n > 1 and offered:
         span = offsets[-1] - offsets[0]
@@ -167,16 +175,8 @@ def infer_arrivals(steps: list[dict[str, Any]], *, burstiness: float = 1.0, max_
                     key=lambda k: int(steps[k]["n_sent"]))
     if not checks:
         return steps
-    from autoresearch_dagster.measure.step import arrival_offsets
-
-    def matches(k: int, seed: int) -> bool:
-        s = steps[k]
-        n = int(s["n_sent"])
-        off = arrival_offsets(float(s["rate_rps"]), n, seed=seed, burstiness=burstiness)
-        return off[-1] > off[0] and math.isclose((n - 1) / (off[-1] - off[0]), float(s["offered_rps"]), rel_tol=1e-9)
-
     for run_seed in range(max_run_seed):
-        if all(matches(k, run_seed * 1000 + k) for k in checks):
+        if all(_redraw(steps[k], run_seed * 1000 + k, burstiness) is not None for k in checks):
             return [{**s, "arrival_seed": run_seed * 1000 + k, "start_index": starts[k], "burstiness": burstiness}
                     if s.get("arrival_seed") is None else s for k, s in enumerate(steps)]
     return steps
