@@ -117,7 +117,8 @@ def replay_table(spec, rows: list[dict], pool, efficiency) -> None:
     """Each measured config's steps replayed on the emulator with their own sends (``replay_measured``): whether
     each step meets the SLA on both, and the error of its TTFT and TPOT p99, per config (the model's error
     without the search's draw)."""
-    from autoresearch_dagster.emulator.calibrate import infer_arrivals, replay_measured
+    from autoresearch_dagster.emulator.calibrate import replay_measured
+    from autoresearch_dagster.emulator.measured import read_measured
 
     print("\nmeasured steps replayed with their own sends (calibrated factors): SLA verdict agreement, |error| of "
           "the step's TTFT / TPOT p99 (median over steps)")
@@ -127,12 +128,11 @@ def replay_table(spec, rows: list[dict], pool, efficiency) -> None:
     for r in rows:
         if not r.get("summary") or not Path(r["summary"]).exists():
             continue
-        d = json.loads(Path(r["summary"]).read_text())
-        steps = infer_arrivals(d["steps"], burstiness=float((d.get("settings") or {}).get("burstiness") or 1.0))
-        own = sum(1 for s in steps if s.get("arrival_seed") is not None)
+        curve = read_measured(Path(r["summary"]).parent)  # the calibration's reader: arrivals inferred, its timeout
+        own = sum(1 for s in curve.steps if s.get("arrival_seed") is not None)
         view = emulator_view(spec, r["config"])
-        pairs = replay_measured(view.endpoint, view.config, steps, pool, efficiency,
-                                request_timeout_s=float((d.get("settings") or {}).get("request_timeout_s") or 60.0))
+        pairs = replay_measured(view.endpoint, view.config, curve.steps, pool, efficiency,
+                                request_timeout_s=curve.request_timeout_s)
         agree = sum(1 for s, p in pairs if bool(s.get("passed", s.get("meets_sla"))) == p.passed)
         errs = {m: [abs(p_v / s_v - 1) for s, p in pairs
                     if (s_v := (s.get(m) or {}).get("p99")) and (p_v := getattr(p, m).get("p99")) is not None]
