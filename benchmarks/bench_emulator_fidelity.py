@@ -35,21 +35,22 @@ from autoresearch_dagster.emulator.validation import (  # noqa: E402
     evaluate, fit, load_table, sharegpt_lengths, summary)
 
 TABLE = Path(__file__).resolve().parent / "data" / "emulator_validation.json"
-# The factors the fit half exercises: bf16 / fp8 / w8a16 / MoE GEMM rates (offline runs), weight streaming and
-# its per-request and fp8 extras (closed-loop TPOT at 4 and 8 in flight), the fixed latency (closed-loop
-# throughput). Paged-KV bandwidth and per-request CPU have no fit-half run that moves them: left at their priors.
-# The defaults in emulator/cost.py are this fit's values except fp8_mfu (see Efficiency's docstring): every
-# compute-bound H100 run of the fit half is fp8, so its fp8 rate stands in for the H100's bf16 GEMM efficiency
-# too, which no fit-half run shows, and the fitted value made fp8 prefill slower than bf16.
-FIT_PARAMS = ("gemm_mfu", "fp8_mfu", "w8a16_mfu", "moe_mfu", "mbu", "decode_req_layer_s", "fp8_layer_s", "request_in_s")
+# The factors the fit half exercises: GEMM / MoE / fp8 / w8a16 / attention rates (the random-prompt offline runs),
+# weight and KV streaming (ShareGPT offline and closed-loop TPOT), the H100's scales relative to the A100 (the
+# reference GPU: both have runs in the fit half), the fixed and frontend request costs (closed-loop TTFT and
+# throughput), the engines' CPU per step and per request. The defaults in emulator/cost.py and the H100's scales in
+# emulator/catalog.py are this fit's values (see Efficiency's comment for the three factors held out of it).
+FIT_PARAMS = ("gemm_mfu", "gpu.H100.mfu_scale", "mbu", "gpu.H100.mbu_scale", "fp8_mfu", "w8a16_mfu", "moe_mfu",
+              "attn_mfu", "decode_req_layer_s", "fp8_layer_s", "request_in_s", "vllm_request_in_s",
+              "step_overhead_s", "per_req_overhead_s")
 
 
 def print_rows(rows) -> None:
-    print(f"{'split':6s} {'point':34s} {'engine':16s} {'gpu':7s} {'metric':23s} {'published':>10s} "
+    print(f"{'split':6s} {'point':42s} {'engine':16s} {'gpu':7s} {'metric':23s} {'published':>10s} "
           f"{'emulator':>10s} {'error':>7s}")
     for r in sorted(rows, key=lambda r: (r.point.split, r.point.id)):
         p = r.point
-        print(f"{p.split:6s} {p.id:34s} {p.engine + ' ' + p.engine_version:16s} {p.gpu + 'x' + str(p.tp):7s} "
+        print(f"{p.split:6s} {p.id:42s} {p.engine + ' ' + p.engine_version:16s} {p.gpu + 'x' + str(p.tp):7s} "
               f"{p.metric:23s} {p.value:10.2f} {r.predicted:10.2f} {r.error:+7.1%}")
     for split in ("report", "fit"):
         s = summary([r for r in rows if r.point.split == split])
@@ -91,7 +92,7 @@ def main() -> None:
               f"worst {res.before['worst_abs_error']:.1%} -> {res.after['worst_abs_error']:.1%}")
         print("fitted factors: " + ", ".join(f"{k}={v:.4g}" for k, v in res.params.items()))
         print("with the fitted factors:")
-        print_rows(evaluate(points, res.efficiency))
+        print_rows(evaluate(points, res.efficiency, res.gpus))
     speed()
     print(f"load average after: {os.getloadavg()}")
 

@@ -34,19 +34,22 @@ DEFAULT_METRICS = (("ttft_ms", "p50"), ("tpot_ms", "p50"), ("itl_ms", "p50"), ("
 # Fit bounds of every Efficiency factor (the fit runs on their logs, so lower bounds are positive). Fractions of
 # peak anywhere in [0.05, 1] (mbu, kv_mbu from 0.1: no decode streams weights slower than that); CPU and GPU
 # times from negligible to clearly beyond any measured engine:
-# - step_overhead_s 10 us .. 50 ms per scheduler iteration; per_req_overhead_s 0.1 us .. 1 ms per running request;
+# - step_overhead_s 10 us .. 50 ms per scheduler iteration; per_req_overhead_s 0.01 us .. 1 ms per running request;
 # - eager_layer_s 1 us .. 1 ms of launches per layer outside a CUDA graph (~10-15 kernels x 5-10 us at the default);
 # - kernel_floor_s 0.1 us .. 100 us, a layer's kernels at tiny batch (one kernel launch is ~2-5 us);
-# - decode_req_layer_s 1 ns .. 10 us per decoding request and attention layer (10 us would make a 100-request
+# - decode_req_layer_s 0.1 ns .. 10 us per decoding request and attention layer (10 us would make a 100-request
 #   decode of a 32-layer model spend 32 ms in per-sequence attention work alone, more than whole measured steps);
 # - fp8_layer_s 0.1 us .. 0.5 ms of activation-quantization kernels per layer (a few small kernels);
 # - request_in_s, request_out_s 0.1 ms .. 100 ms of fixed latency before the scheduler (HTTP, chat template,
-#   tokenization of a long prompt on a busy frontend) and from a step to the client (detokenizer, streaming).
+#   tokenization of a long prompt on a busy frontend) and from a step to the client (detokenizer, streaming);
+#   vllm_request_in_s up to 200 ms on top of it where the emulator stands in for vLLM's API server;
+# - frontend_req_s 10 us .. 50 ms of the single frontend process's CPU per request (20 .. 100,000 requests/s).
 BOUNDS = {"gemm_mfu": (0.05, 1.0), "moe_mfu": (0.05, 1.0), "attn_mfu": (0.05, 1.0), "mbu": (0.1, 1.0),
           "kv_mbu": (0.1, 1.0), "comm_eff": (0.05, 1.0), "step_overhead_s": (1e-5, 0.05),
-          "per_req_overhead_s": (1e-7, 1e-3), "eager_layer_s": (1e-6, 1e-3), "kernel_floor_s": (1e-7, 1e-4),
-          "fp8_mfu": (0.05, 1.0), "w8a16_mfu": (0.05, 1.0), "decode_req_layer_s": (1e-9, 1e-5),
-          "fp8_layer_s": (1e-7, 5e-4), "request_in_s": (1e-4, 0.1), "request_out_s": (1e-4, 0.1)}
+          "per_req_overhead_s": (1e-8, 1e-3), "eager_layer_s": (1e-6, 1e-3), "kernel_floor_s": (1e-7, 1e-4),
+          "fp8_mfu": (0.05, 1.0), "w8a16_mfu": (0.05, 1.0), "decode_req_layer_s": (1e-10, 1e-5),
+          "fp8_layer_s": (1e-7, 5e-4), "request_in_s": (1e-4, 0.1), "request_out_s": (1e-4, 0.1),
+          "frontend_req_s": (1e-5, 0.05), "vllm_request_in_s": (1e-4, 0.2)}
 
 
 def fittable() -> dict[str, tuple[float, float]]:

