@@ -77,6 +77,10 @@ def test_futility_never_stops_an_estimate_that_points_to_a_practical_loss():
     assert not stats.not_better(v)
     flat = stats.verdict([10.0, 10.3, 9.7, 10.1, 9.9], [9.95, 10.2, 9.6, 10.0, 9.85], noise_cv=0.04)
     assert stats.not_better(flat)  # no gain in sight and no loss either: stop
+    # an estimate just inside the practical margin, on wide early intervals: a loss is still plausible, keep going
+    edge = stats.verdict([10.0, 10.4, 9.6, 10.2, 9.8], [9.85, 10.2, 9.4, 10.05, 9.6], noise_cv=0.04)
+    assert edge.ratio_median >= 1 - stats.MIN_MARGIN and stats.futility_bound(edge) < 1 + edge.margin
+    assert stats.loss_guard_bound(edge) < 1 - stats.MIN_MARGIN and not stats.not_better(edge)
 
 
 def test_a_promising_comparison_at_the_run_cap_is_extended_without_a_confirmation_stage(endpoint, pool):
