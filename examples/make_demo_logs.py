@@ -250,6 +250,15 @@ def make_demo_chat(n_requests: int, seed: int, duration_s: float = 900.0) -> lis
     return records
 
 
+def others_in_flight(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Each request's time-averaged count of other requests in flight over its life [start, end)."""
+    times = np.concatenate([start, end])
+    order = np.argsort(times, kind="stable")
+    level = np.cumsum(np.where(order < len(start), 1, -1))
+    integral = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times[order]))])
+    return (np.interp(end, times[order], integral) - np.interp(start, times[order], integral)) / (end - start) - 1
+
+
 def production_fields(records: list[dict], seed: int) -> None:
     """Add what the production server reported, in arrival order: usage (prompt, total and cached tokens)
     and timings (TTFT, latency). The server is the demo endpoint's (gemma-moe-26b-a4b on one H200,
@@ -294,12 +303,7 @@ def production_fields(records: list[dict], seed: int) -> None:
     jitter = np.array([rng.lognormvariate(0, TPOT_SIGMA) for _ in records])
     latency = ttft + decode * TPOT_BASE_MS / 1000
     for _ in range(20):
-        end = start + latency
-        times = np.concatenate([start, end])
-        order = np.argsort(times, kind="stable")
-        level = np.cumsum(np.where(order < len(start), 1, -1))
-        integral = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times[order]))])
-        others = (np.interp(end, times[order], integral) - np.interp(start, times[order], integral)) / latency - 1
+        others = others_in_flight(start, start + latency)
         latency = ttft + decode * (TPOT_BASE_MS + TPOT_MS_PER_REQUEST * np.maximum(others, 0)) * jitter / 1000
     ends: dict[str, float] = {}
     for i, r in enumerate(records):

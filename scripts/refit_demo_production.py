@@ -7,30 +7,29 @@ Usage: python scripts/refit_demo_production.py [--default]"""
 import sys
 import tempfile
 from pathlib import Path
-import numpy as np
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autoresearch_dagster.spec import load_endpoint
-from autoresearch_dagster.pool.build import build_pool
-from autoresearch_dagster.pool.production import read_production
-from autoresearch_dagster.pool.schema import read_pool
-from autoresearch_dagster.engines.emulator import EmulatorEngine
-from autoresearch_dagster.emulator.noise import NoiseSettings
-from autoresearch_dagster.experiments.production_replay import replay_production
 
-ep = load_endpoint(Path(__file__).resolve().parents[1] / "examples/endpoints/demo.yaml")
-if "--default" in sys.argv: ep = ep.model_copy(update={"engine_options": {}})
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
+from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
+from autoresearch_dagster.experiments.production_replay import replay_production  # noqa: E402
+from autoresearch_dagster.pool.build import build_pool  # noqa: E402
+from autoresearch_dagster.pool.production import read_production  # noqa: E402
+from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
+from autoresearch_dagster.spec import load_endpoint  # noqa: E402
+from make_demo_logs import others_in_flight  # noqa: E402
+
+ep = load_endpoint(ROOT / "examples/endpoints/demo.yaml")
+if "--default" in sys.argv:
+    ep = ep.model_copy(update={"engine_options": {}})
 with tempfile.TemporaryDirectory() as tmp:
     res = build_pool(ep.log_paths(), ep.name, Path(tmp) / "pool")
     home = Path(res.pool_path).parent if Path(res.pool_path).suffix else Path(res.pool_path)
     prod = read_production(home)
     run = replay_production(ep, read_pool(home), prod, engine=EmulatorEngine(ep), seed=0)
 recs = [r for r in run.records if r.status == "ok"]
-start = np.array([r.sent_s for r in recs]); end = np.array([r.end_s for r in recs])
-lat = end - start
-times = np.concatenate([start, end]); order = np.argsort(times, kind="stable")
-level = np.cumsum(np.where(order < len(start), 1, -1))
-integral = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times[order]))])
-others = (np.interp(end, times[order], integral) - np.interp(start, times[order], integral)) / lat - 1
+others = others_in_flight(np.array([r.sent_s for r in recs]), np.array([r.end_s for r in recs]))
 tpot = np.array([r.tpot_s if r.tpot_s is not None else np.nan for r in recs]) * 1000
 ok = np.isfinite(tpot)
 A = np.vstack([np.ones(ok.sum()), np.maximum(others[ok], 0)]).T

@@ -142,10 +142,8 @@ def _vllm_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorView:
     c = {**(VLLM_CPU_DEFAULTS if cpu else {}), **{k: v for k, v in config.items() if v is not None}}
     # vLLM 0.32 schedules synchronously (async_scheduling false in its resolved config): no CPU work hides behind
     # the forward pass, unlike SGLang's overlap scheduler
-    out: dict[str, Any] = {"enable_mixed_chunk": True, "disable_overlap_schedule": True}
-    if not cpu:
-        out = vllm_gpu_defaults(card, dev, tp=int(c.get("tensor_parallel_size") or 1),
-                                fp8_weights=card.quantization == "fp8")
+    out: dict[str, Any] = {"enable_mixed_chunk": True, "disable_overlap_schedule": True} if cpu else vllm_gpu_defaults(
+        card, dev, tp=int(c.get("tensor_parallel_size") or 1), fp8_weights=card.quantization == "fp8")
     if "max_num_seqs" in c:
         out["max_running_requests"] = c["max_num_seqs"]
     if c.get("enable_chunked_prefill") is False:
