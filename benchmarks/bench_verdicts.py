@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import multiprocessing as mp
 import os
 import pickle
@@ -161,7 +162,9 @@ def _compare(task: tuple[str, str, int]) -> dict:
         replicated = float(np.median(fresh) / np.median(control)) >= 1 + res.stats.margin / 2
     return {"procedure": procedure, "scenario": scenario, "verdict": res.verdict, "runs": len(res.runs),
             "ratio": res.stats.ratio_median if res.stats else None, "gpu_h": res.gpu_seconds / 3600,
-            "noise_gpu_h": noise_s / 3600, "replicated": replicated}
+            "noise_gpu_h": noise_s / 3600, "replicated": replicated,
+            "n_candidate": res.stats.n_candidate if res.stats else None,
+            "reason": (res.stats.reason if res.stats else res.reason or "")[:300]}
 
 
 def _measured_with(key: dict) -> dict:
@@ -226,8 +229,22 @@ def main() -> int:
     ap.add_argument("--estimator", choices=("interp", "search"), default="interp",
                     help="per-run capacity statistic of the verdicts: the interpolated SLA crossing (default) "
                          "or the search's highest confirmed passing rate")
+    ap.add_argument("--extension-multiple", type=int, default=stats.EXTENSION_MULTIPLE,
+                    help="a comparison still promising at the run cap may extend to this many times the cap")
+    ap.add_argument("--rule", choices=("strict", "reference"), default=stats.VERDICT_RULE,
+                    help="better/worse rule: the interval beyond 1±margin (strict) or methods.md's (interval beyond 1, "
+                         "ratio beyond 1±margin)")
+    ap.add_argument("--confidence", type=float, default=stats.DECISION_CONFIDENCE,
+                    help="two-sided confidence of the verdict interval (stats.DECISION_CONFIDENCE)")
+    ap.add_argument("--significance-scale", type=float, default=stats.SIGNIFICANCE_SCALE,
+                    help="reference rule: the significance bounds' alpha as a multiple of the verdict interval's")
+    ap.add_argument("--dump", help="write every comparison's outcome (verdict, runs, ratio, GPU-hours) to this JSON file")
     args = ap.parse_args()
     stats.VERDICT_STATISTIC = args.statistic  # before the workers fork
+    stats.EXTENSION_MULTIPLE = args.extension_multiple
+    stats.VERDICT_RULE = args.rule
+    stats.DECISION_CONFIDENCE = args.confidence
+    stats.SIGNIFICANCE_SCALE = args.significance_scale
     n_cmp = args.comparisons or (60 if args.quick else 200)
     n_bank = args.bank or (60 if args.quick else 120)
     if n_bank < 50:
@@ -303,6 +320,8 @@ def main() -> int:
         with ctx.Pool(args.workers) as p:
             out = p.map(_compare, jobs, chunksize=5)
     t2 = time.monotonic()
+    if args.dump:
+        atomic_write_bytes(args.dump, json.dumps(out, indent=1).encode())
     names = {"aa": "A/A (baseline vs itself)", "plus": f"faster (true ratio {true_ratio['faster']:.3f})",
              "minus": f"slower (true ratio {true_ratio['slower']:.3f})",
              "large": f"large (true ratio {true_ratio['large']:.3f})"}

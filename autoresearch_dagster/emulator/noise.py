@@ -9,8 +9,10 @@ batching luck). The emulator reproduces the three visible parts, all seeded:
 - throttling episodes (Poisson, ``throttle_rate_per_s``): for ``throttle_duration_s`` every step
   is ``throttle_factor`` slower, like a power-capped GPU.
 
-The defaults give a capacity spread of about 2-3% CV between identical runs with different seeds
-(measured in ``tests/emulator/test_noise.py`` and reported in docs/emulator.md).
+The defaults gave a capacity spread of about 2-3% CV between identical runs with different seeds under
+cost models 1-3. Under cost model 4 the demo's capacity moves about twice its iteration speed at its TPOT
+SLA, so the same noise gives about 5% (``benchmarks/bench_noise_components.py``: all noise 5.3%, the clock
+factor alone 5.0%, noise off 2.5%); the settings were not retuned to bring the spread back.
 """
 from __future__ import annotations
 

@@ -42,6 +42,8 @@ from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.spec import Budget, EndpointSpec, config_hash, is_lossy
 
 Arm = Literal["baseline", "candidate"]
+# from this many baseline runs on, a comparison's margin takes the run CV from them rather than the noise floor's runs
+POOLED_CV_RUNS = 10
 
 
 @dataclass
@@ -345,7 +347,12 @@ class _Experiment:
         if self.res.noise_source != "noise_baseline" and metric == self.res.metric:
             self.res.noise_cv = stats.noise_floor(b, seed=self.settings.seed).cv
             self.res.noise_source = "this experiment's baseline runs"
-        v = stats.verdict(b, c, noise_cv=self.res.noise_cv or 0.0, min_margin=self.settings.min_margin,
+        cv = self.res.noise_cv or 0.0
+        if self.res.noise_source == "noise_baseline" and len(b) >= POOLED_CV_RUNS and metric == self.res.metric:
+            # the baseline arm's own runs (the noise floor's among them under a shared control) estimate the run
+            # CV better than the noise floor's 5 alone: the margin's noise floor then stops swinging with them
+            cv = stats.run_cv(b)
+        v = stats.verdict(b, c, noise_cv=cv, min_margin=self.settings.min_margin,
                           seed=self.settings.seed, confidence=self.confidence,
                           upper_confidence=stats.DECISION_CONFIDENCE)
         self.record(stage, metric, v)

@@ -98,3 +98,18 @@ def test_a_promising_comparison_at_the_run_cap_is_extended_without_a_confirmatio
     assert len([r for r in res.runs if r.arm == "candidate"]) == 6
     assert res.verdict in ("better", "same") and len(stages) <= 3
     assert stats.extension_schedule((5, 10, 20)) == (25, 30, 35, 40)
+
+
+def test_from_ten_baseline_runs_the_margin_takes_the_run_cv_from_the_baseline_arm(endpoint, pool):
+    """The noise floor's 5 runs give the first stage's CV; once the arm (noise floor + anchors) holds 10 runs or
+    more, their own CV sets the margin, so one lucky noise floor does not set the margin of the whole comparison."""
+    eng = FakeEngine(cap_of({}), noise_cv=0.03)
+    noise = _noise(endpoint, pool, eng)
+    stated = 0.001  # far below what the runs show
+    res = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), noise_cv=stated, control=SharedControl(noise.runs),
+                         budget=Budget(initial_runs_per_arm=5, max_runs_per_arm=10))
+    base = res.values("baseline")
+    assert len(base) >= 10
+    assert res.stats.noise_cv == pytest.approx(stats.run_cv(base)) and res.stats.noise_cv > 10 * stated
+    assert res.noise_cv == stated  # the experiment still records the noise floor it was given

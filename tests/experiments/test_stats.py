@@ -166,3 +166,34 @@ def test_multiplicity_correction_guards_the_better_claim_only():
     # a level above the lower bound's is ignored: the interval is never narrower on the promotion side
     same_level = stats.verdict(base, cand, noise_cv=0.03, confidence=0.90, upper_confidence=0.95)
     assert same_level.upper_confidence is None and same_level.ci_high == pytest.approx(plain.ci_high)
+
+
+def test_the_reference_rule_needs_significance_and_magnitude_not_the_whole_interval_past_the_margin(monkeypatch):
+    """methods.md §1: better = the ratio >= 1+margin and a significance bound above 1. The strict rule (the whole
+    interval above 1+margin) counts the noise twice once the margin is the A/A noise floor."""
+    rng = np.random.default_rng(1)
+    base, cand = _sample(rng, 10.0, 0.03, 20), _sample(rng, 10.3, 0.03, 20)
+    ref = stats.verdict(base, cand, noise_cv=0.03)
+    assert ref.ratio_median >= 1 + ref.margin and ref.verdict == "better"
+    lo_s, hi_s = stats._significance_bounds(np.asarray(base), np.asarray(cand), 0.90, None, seed=0,
+                                            n_resamples=1000)
+    assert 1 < lo_s < ref.ci_low  # the significance bound is the wider (99%) interval's
+    monkeypatch.setattr(stats, "VERDICT_RULE", "strict")
+    strict = stats.verdict(base, cand, noise_cv=0.03)
+    assert strict.ci_low < 1 + strict.margin and strict.verdict == "undecided"
+
+
+def test_the_reference_rule_refuses_an_estimate_past_the_margin_without_significance():
+    """A ratio beyond the margin whose 99% significance bound still reaches 1 is not "better" (nor "worse")."""
+    rng = np.random.default_rng(0)
+    base, cand = _sample(rng, 10.0, 0.06, 5), _sample(rng, 10.7, 0.06, 5)
+    v = stats.verdict(base, cand, noise_cv=0.06)
+    lo_s, _ = stats._significance_bounds(np.asarray(base), np.asarray(cand), 0.90, None, seed=0, n_resamples=1000)
+    assert v.ratio_median >= 1 + v.margin and lo_s <= 1 and v.verdict == "undecided"
+    worse = stats.verdict(cand, base, noise_cv=0.06)
+    assert worse.ratio_median <= 1 - worse.margin and worse.verdict == "undecided"
+
+
+def test_run_cv_is_the_sample_cv():
+    assert stats.run_cv([9.0, 10.0, 11.0]) == pytest.approx(1.0 / 10.0)
+    assert stats.run_cv([5.0]) == 0.0
