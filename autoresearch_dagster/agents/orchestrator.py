@@ -89,14 +89,28 @@ class RoundPlan:
                    rejected=d.get("rejected", []), sessions=d.get("sessions", []), note=d.get("note", ""))
 
 
+def merge_plans(first: RoundPlan, more: RoundPlan) -> RoundPlan:
+    """One round's plan after it opened more directions (``more``) because ``first``'s gave no experiment: every
+    direction, session and refusal stays on record; the proposals are the later plan's."""
+    note = "; ".join(n for n in (first.note, more.note) if n)
+    return RoundPlan(round=first.round, baseline_hash=first.baseline_hash,
+                     directions=[*first.directions, *more.directions], proposals=list(more.proposals),
+                     rejected=[*first.rejected, *more.rejected], sessions=[*first.sessions, *more.sessions], note=note)
+
+
 def choose_directions(hypotheses: list[dict[str, Any]], stats: dict[str, DirectionStat], n: int, *,
-                      exhausted_after: int = 2, gpus: int = 1) -> list[dict[str, Any]]:
-    """The ``n`` directions this round investigates, each with its question and why it was chosen."""
+                      exhausted_after: int = 2, gpus: int = 1, exclude: frozenset[str] = frozenset()
+                      ) -> list[dict[str, Any]]:
+    """The ``n`` directions this round investigates, each with its question and why it was chosen. ``exclude``:
+    directions this round already opened (a round whose first directions gave nothing opens the next ones; it
+    never falls back to exhausted directions then)."""
     best: dict[str, dict[str, Any]] = {}
     for h in sorted(hypotheses, key=lambda h: -float(h.get("score") or 0)):
         best.setdefault(h.get("direction"), h)
     rows = []
     for d in DIRECTIONS:
+        if d in exclude:
+            continue
         st = stats.get(d, DirectionStat())
         h = best.get(d)
         score = float(h.get("score") or 0) if h else 0.0
@@ -108,7 +122,7 @@ def choose_directions(hypotheses: list[dict[str, Any]], stats: dict[str, Directi
                             + (" (not tried yet)" if bonus else "")
                             + (f"; set aside: its last {st.streak} experiments gained nothing" if exhausted else "")})
     rows.sort(key=lambda r: (-r["score"], r["direction"]))
-    open_rows = [r for r in rows if not r["exhausted"]] or rows
+    open_rows = [r for r in rows if not r["exhausted"]] or ([] if exclude else rows)
     out = []
     for r in open_rows[:n]:
         h = best.get(r["direction"])
@@ -166,13 +180,14 @@ def _made(kind: str, pid: str, brief: ResearchBrief, base: dict[str, Any], confi
 
 def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardrails, predictor: Predictor | None,
                max_experiments: int, n_directions: int, tools: Any = None, trace_dir: str | Path | None = None,
-               exhausted_after: int = 2) -> RoundPlan:
-    """One round's experiments: directions, sessions in parallel, guardrails, controls, selection."""
+               exhausted_after: int = 2, exclude: frozenset[str] = frozenset()) -> RoundPlan:
+    """One round's experiments: directions, sessions in parallel, guardrails, controls, selection. ``exclude``:
+    directions not to open (``choose_directions``)."""
     brief0 = inputs.brief
     base, resolved = dict(brief0.baseline_config), dict(brief0.resolved_baseline)
     margin = float(brief0.noise.get("margin") or 0.02)
     directions = choose_directions(brief0.hypotheses, inputs.stats, n_directions, exhausted_after=exhausted_after,
-                                   gpus=brief0.gpus)
+                                   gpus=brief0.gpus, exclude=exclude)
     jobs = [(p, brief0.model_copy(update={"direction": d["direction"], "question": d["question"]}))
             for d in directions for p in proposers]
     with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as ex:

@@ -38,7 +38,8 @@ from typing import Any, Callable
 from autoresearch_dagster.agents import emulator_errors, scoring
 from autoresearch_dagster.agents.guardrails import Guardrails, resolved_config
 from autoresearch_dagster.agents.offline import OfflineProposer, Predictor, diff
-from autoresearch_dagster.agents.orchestrator import DirectionStat, RoundInputs, RoundPlan, control_groups, plan_round
+from autoresearch_dagster.agents.orchestrator import (DirectionStat, RoundInputs, RoundPlan, control_groups, merge_plans,
+                                                      plan_round)
 from autoresearch_dagster.agents.prescreen import prescreen
 from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Proposal, ResearchBrief, lossy_settings
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
@@ -441,10 +442,24 @@ class CampaignRunner:
                              last_promotion=self.state.last_promotion, diversity_pool=pool_entries)
         self.say(f"round {round_no} (era {era.index}): orchestrator opens {self.settings.directions_per_round} "
                  "direction(s)")
-        plan = plan_round(inputs, self.proposers(), guardrails=self.guardrails(), predictor=self.predictor(),
-                          max_experiments=slots * (self.settings.prescreen_pool if self.settings.prescreen else 1),
-                          n_directions=self.settings.directions_per_round, tools=self._toolbox(),
-                          trace_dir=self.dir / "traces", exhausted_after=self.settings.exhausted_after)
+        def plan_for(exclude: frozenset[str]) -> RoundPlan:
+            return plan_round(inputs, self.proposers(), guardrails=self.guardrails(), predictor=self.predictor(),
+                              max_experiments=slots * (self.settings.prescreen_pool if self.settings.prescreen else 1),
+                              n_directions=self.settings.directions_per_round, tools=self._toolbox(),
+                              trace_dir=self.dir / "traces", exhausted_after=self.settings.exhausted_after,
+                              exclude=exclude)
+
+        plan = plan_for(frozenset())
+        # a round whose directions gave no evidence-supported experiment opens the directions it has not opened
+        # yet before the campaign ends: the diagnosis ranks directions, it does not rule the others out
+        while not plan.proposals and plan.directions:
+            opened = frozenset(d["direction"] for d in plan.directions)
+            more = plan_for(opened)
+            if not more.directions:
+                break
+            self.say(f"  nothing evidence-supported in {', '.join(sorted(opened))}: opening "
+                     f"{', '.join(d['direction'] for d in more.directions)}")
+            plan = merge_plans(plan, more)
         if self.settings.prescreen:
             self._prescreen(plan, slots)
         rollback = self._rollback_control(brief)

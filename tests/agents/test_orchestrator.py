@@ -269,3 +269,32 @@ def test_a_round_stakes_each_new_lossy_setting_once_and_one_at_a_time(tmp_path):
     staked = [p for p in plan.proposals if "quantization" in p.candidate_config]
     assert len(staked) == 1  # fp8 weights are staked by one experiment of the round: if it fails, only it fails
     assert any(p.id == "m" for p in plan.proposals)
+
+
+def test_excluded_directions_are_not_opened_and_exhausted_ones_are_no_fallback():
+    opened = frozenset({"scheduling_cache", "parallel_admission"})
+    rest = [d["direction"] for d in choose_directions(HYP, {}, 2, exclude=opened)]
+    assert set(rest) == {"speculative", "kernels_quant"}
+    exhausted = {d: DirectionStat(tried=2, streak=2) for d in ("speculative", "kernels_quant")}
+    assert choose_directions(HYP, exhausted, 2, exclude=opened) == []
+    # without an exclusion, a round whose every direction is exhausted still opens the best of them
+    every = {d: DirectionStat(tried=2, streak=2) for d in ("speculative", "kernels_quant", "scheduling_cache",
+                                                            "parallel_admission")}
+    assert len(choose_directions(HYP, every, 2)) == 2
+
+
+def test_merged_plans_keep_both_sets_of_sessions_and_take_the_later_proposals(tmp_path):
+    from autoresearch_dagster.agents.orchestrator import merge_plans
+
+    fake = FakeProposer({"kernels_quant": [_prop("q", "kernels_quant", {"kv_cache_dtype": "fp8_e4m3"}, 1.3)]})
+    inputs = RoundInputs(brief=_brief(), stats={}, tested={}, gate_failures={})
+    first = plan_round(inputs, [fake], guardrails=Guardrails(gpus=1), predictor=None, max_experiments=3,
+                       n_directions=2, trace_dir=tmp_path)
+    assert first.proposals == [] and [d["direction"] for d in first.directions] == ["scheduling_cache",
+                                                                                    "parallel_admission"]
+    more = plan_round(inputs, [fake], guardrails=Guardrails(gpus=1), predictor=None, max_experiments=3,
+                      n_directions=2, trace_dir=tmp_path,
+                      exclude=frozenset(d["direction"] for d in first.directions))
+    plan = merge_plans(first, more)
+    assert [p.id for p in plan.proposals] == ["q"]
+    assert len(plan.directions) == 4 and len(plan.sessions) == 4
