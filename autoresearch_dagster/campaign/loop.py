@@ -47,6 +47,7 @@ from autoresearch_dagster.agents.tools import ToolBox
 from autoresearch_dagster.campaign import grounding
 from autoresearch_dagster.campaign.state import CampaignSettings, CampaignState, Era
 from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.experiments.campaign import Campaign, record_promotion, start_campaign
 from autoresearch_dagster.experiments.experiment import SharedControl, run_experiment
@@ -276,9 +277,17 @@ class CampaignRunner:
         if problem and era.index > 0:
             return self._end(problem)
         self.say(f"era {era.index}: noise floor of {era.config_hash} ({self.profile.noise_runs} runs)")
-        noise = measure_noise(self.endpoint, era.config, self.pool, engine=self.engine, runs=self.profile.noise_runs,
-                              results=self.results, settings=self.harness(), campaign=self.campaign,
-                              progress=lambda m: self.say("  " + m))
+        try:
+            noise = measure_noise(self.endpoint, era.config, self.pool, engine=self.engine, runs=self.profile.noise_runs,
+                                  results=self.results, settings=self.harness(), campaign=self.campaign,
+                                  progress=lambda m: self.say("  " + m))
+        except EngineError as e:
+            # too few valid runs to set a noise floor (or the engine failed): the era has no capacity to compare
+            # against, so the campaign ends here with its state saved (its runs are in the lake, the invalid ones marked)
+            self.state.spent["gpu_seconds"] += float(getattr(e, "gpu_seconds", 0.0))
+            what = "the baseline" if era.index == 0 else f"the promoted config of {era.source_experiment_id}"
+            self.state.open_questions.append(f"the noise floor of {what} ({era.config_hash}) could not be measured: {e}")
+            return self._end(f"the noise floor of {what} could not be measured")
         valid = [r for r in noise.runs if r.valid]
         self._add_control_runs(valid)
         gpu_s = float(sum(r.gpu_seconds for r in noise.runs))

@@ -103,8 +103,10 @@ def measure_noise(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, 
                 reference_rps = 0.0
     if len(valid) < runs:
         reasons = sorted({x for r in recs for x in r.invalid_reasons})
-        raise EngineError(f"noise: only {len(valid)} of {runs} baseline runs were valid after {len(recs)} attempts: "
+        err = EngineError(f"noise: only {len(valid)} of {runs} baseline runs were valid after {len(recs)} attempts: "
                           f"{'; '.join(reasons)}")
+        err.gpu_seconds = float(sum(r.gpu_seconds for r in recs))  # what the attempts cost (a campaign's budget)
+        raise err
     caps = [float(r.value(capacity_metric(settings))) for r in valid]
     floor = stats.noise_floor(caps, seed=settings.seed)
     spread: dict[str, dict[str, float]] = {}

@@ -167,3 +167,24 @@ def test_campaign_user_errors_are_one_line_and_exit_2(argv, message, tmp_path, c
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_noise_floor_that_cannot_be_measured_ends_the_campaign_cleanly(tmp_path, monkeypatch):
+    """Noise runs that keep failing (the load search never confirms a capacity) end the campaign with its state
+    saved, the attempts' GPU time counted and a report, instead of an exception that loses the campaign."""
+    from autoresearch_dagster.engines.base import EngineError
+    from autoresearch_dagster.experiments import noise as noise_mod
+
+    def failing(*args, **kwargs):
+        err = EngineError("noise: only 4 of 5 baseline runs were valid after 8 attempts: search stopped")
+        err.gpu_seconds = 1800.0
+        raise err
+
+    monkeypatch.setattr(noise_mod, "measure_noise", failing)
+    r = runner(tmp_path)
+    report = r.run()
+    assert r.state.status == "ended" and report["ended_because"] == "the noise floor of the baseline could not be measured"
+    assert report["experiments"] == []
+    assert any("could not be measured: noise: only 4 of 5" in q for q in report["open_questions"])
+    saved = json.loads((tmp_path / "campaign" / "state.json").read_text())
+    assert saved["status"] == "ended" and saved["spent"]["gpu_seconds"] == 1800.0
