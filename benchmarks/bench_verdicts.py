@@ -231,6 +231,8 @@ def main() -> int:
                          "or the search's highest confirmed passing rate")
     ap.add_argument("--extension-multiple", type=int, default=stats.EXTENSION_MULTIPLE,
                     help="a comparison still promising at the run cap may extend to this many times the cap")
+    ap.add_argument("--extension-rule", choices=("promising", "reachable"), default=stats.EXTENSION_RULE,
+                    help="which undecided comparisons at the run cap get the extension (stats.worth_extending)")
     ap.add_argument("--rule", choices=("strict", "reference"), default=stats.VERDICT_RULE,
                     help="better/worse rule: the interval beyond 1±margin (strict) or methods.md's (interval beyond 1, "
                          "ratio beyond 1±margin)")
@@ -243,6 +245,7 @@ def main() -> int:
     stats.VERDICT_STATISTIC = args.statistic  # before the workers fork
     stats.EXTENSION_MULTIPLE = args.extension_multiple
     stats.VERDICT_RULE = args.rule
+    stats.EXTENSION_RULE = args.extension_rule
     stats.DECISION_CONFIDENCE = args.confidence
     stats.SIGNIFICANCE_SCALE = args.significance_scale
     n_cmp = args.comparisons or (60 if args.quick else 200)

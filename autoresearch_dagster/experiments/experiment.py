@@ -478,18 +478,21 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
         if promising and settings.confirm and not stop:
             return _close(ex, _confirm(ex, schedule[0], mode, want="better" if v.ratio_median > 1 else "worse"),
                           final=True)
-        if promising and not settings.confirm and not stop:
+        extension = stats.extension_schedule(schedule)
+        if extension and not settings.confirm and not stop and stats.worth_extending(v, extension[-1],
+                                                                                       min_margin=settings.min_margin):
             # without a confirmation stage (a shared control's "better" is replicated by the promoted config's
             # own noise floor), a comparison still promising at the cap gets runs in small steps, up to twice
-            # the cap, while it stays undecided and promising
-            for ext in stats.extension_schedule(schedule):
+            # the cap, while it stays undecided and worth extending (stats.EXTENSION_RULE)
+            for ext in extension:
                 stop = ex.fill(ex.targets(ext), "experiment", run_mode)
                 if stop == "invalid":
                     res.invalid_reasons += ex.fatal()
                     return _finish(ex, "invalid", "runs cannot support a comparison")
                 ex.check_drift()
                 v = ex.verdict(f"n={ext} (extension: promising at the run cap)") or v
-                if stop or v.verdict != "undecided" or abs(v.ratio_median - 1) < v.margin:
+                if stop or v.verdict != "undecided" or not stats.worth_extending(v, extension[-1],
+                                                                                 min_margin=settings.min_margin):
                     break
         if v.verdict == "undecided":
             v = stats.stop_undecided(v, stop or f"run cap of {v.n_candidate} per arm reached")

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from autoresearch_dagster.engines.base import EngineError
-from autoresearch_dagster.experiments import experiment
+from autoresearch_dagster.experiments import experiment, stats
 from autoresearch_dagster.experiments.ablation import run_ablation
 from autoresearch_dagster.experiments.campaign import start_campaign
 from autoresearch_dagster.experiments.experiment import run_experiment
@@ -86,7 +86,8 @@ def test_no_effect_is_same(endpoint, pool):
     assert res.stats.equivalence_shown and res.stats.margin == pytest.approx(0.02)
 
 
-def test_undecided_adds_runs_then_stops_at_the_cap_as_same(endpoint, pool):
+def test_undecided_adds_runs_then_stops_at_the_cap_as_same(endpoint, pool, monkeypatch):
+    monkeypatch.setattr(stats, "EXTENSION_RULE", "promising")  # an estimate inside the margin gets no extension
     eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.02}), noise_cv=0.06)
     res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
                          settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=6),
@@ -95,6 +96,21 @@ def test_undecided_adds_runs_then_stops_at_the_cap_as_same(endpoint, pool):
     assert stages[:2] == ["n=3", "n=6"] and stages[-1] == "stopped"
     assert res.verdict == "same" and "run cap of 6" in res.reason and not res.stats.equivalence_shown
     assert res.runs_baseline == res.runs_candidate == 6
+
+
+def test_an_undecided_comparison_whose_decision_is_within_reach_gets_the_extension(endpoint, pool, monkeypatch):
+    """"reachable" (the default): at the cap, an estimate inside the margin whose 90% bound still reaches the margin
+    of twice the runs keeps going in steps of the first stage, and stops at twice the cap."""
+    monkeypatch.setattr(stats, "EXTENSION_RULE", "reachable")
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.02}), noise_cv=0.06)
+    res = run_experiment(endpoint, endpoint.server_config, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), budget=Budget(initial_runs_per_arm=3, max_runs_per_arm=6),
+                         noise_cv=0.005)
+    stages = [s["stage"] for s in res.stages]
+    assert stages[:2] == ["n=3", "n=6"] and any("extension" in st for st in stages)
+    assert 6 < res.runs_candidate <= 12 and res.runs_baseline == res.runs_candidate
+    at_cap = next(s for s in res.stages if s["stage"] == "n=6")
+    assert abs(at_cap["ratio_median"] - 1) < at_cap["margin"]  # extended though not "promising"
 
 
 def test_wall_budget_stop_is_same_with_the_reason(endpoint, pool, monkeypatch):
