@@ -59,6 +59,7 @@ from autoresearch_dagster.campaign.loop import CampaignRunner, gate_key  # noqa:
 from autoresearch_dagster.campaign.state import CampaignSettings  # noqa: E402
 from autoresearch_dagster.emulator.cost import cost_model_fingerprint  # noqa: E402
 from autoresearch_dagster.emulator.noise import NoiseSettings  # noqa: E402
+from autoresearch_dagster.engines.base import EngineError  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
 from autoresearch_dagster.experiments.experiment import SharedControl, correctness_check, run_experiment  # noqa: E402
 from autoresearch_dagster.experiments.noise import measure_noise  # noqa: E402
@@ -74,6 +75,7 @@ PROFILE = measurement_profile("standard").with_overrides(step_duration_s=40.0, m
                                                          max_steps=16, noise_runs=5, initial_runs_per_arm=5,
                                                          max_runs_per_arm=10)
 TOP_KNOBS = 6
+UNMEASURED = "the production baseline's noise floor could not be measured"
 MAX_GRID = 300
 _W: dict = {}
 
@@ -158,11 +160,17 @@ def search_loop(name: str, method: str, seed: int, budget: int, target: float | 
     rng = random.Random(f"{method}-{seed}")
     base, gpu_s, n = dict(ep.server_config), 0.0, 0
     tpe = TPE(space, base, seed=seed, n_startup_trials=10) if method == "tpe" else None
-    noise = measure_noise(ep, base, pool, engine=engine, runs=PROFILE.noise_runs, settings=_harness(seed))
+    try:
+        noise = measure_noise(ep, base, pool, engine=engine, runs=PROFILE.noise_runs, settings=_harness(seed))
+    except EngineError as e:  # the production config's capacity cannot be measured: this run tests nothing
+        return {"bench": name, "method": method, "seed": seed, "experiments": 0,
+                "gpu_h": float(getattr(e, "gpu_seconds", 0.0)) / 3600, "trajectory": [], "unmeasured": True,
+                "ended_because": f"{UNMEASURED}: {e}"}
     gpu_s += sum(r.gpu_seconds for r in noise.runs)
     control, cv, cap = [r for r in noise.runs if r.valid], noise.capacity_cv, noise.floor.median
     trajectory = [{"experiments": 0, "gpu_h": gpu_s / 3600, "config": base}]
     tried: set[str] = set()
+    ended = None
     while n < budget:
         asked = None
         if tpe is not None:
@@ -190,14 +198,20 @@ def search_loop(name: str, method: str, seed: int, budget: int, target: float | 
             tpe.tell(asked, cfg, measured, res.verdict)
         if res.verdict == "better":
             base = dict(cfg)
-            noise = measure_noise(ep, base, pool, engine=engine, runs=PROFILE.noise_runs, settings=_harness(seed + n))
+            try:
+                noise = measure_noise(ep, base, pool, engine=engine, runs=PROFILE.noise_runs, settings=_harness(seed + n))
+            except EngineError as e:  # as a campaign does: the promotion stands unconfirmed and the run ends
+                gpu_s += float(getattr(e, "gpu_seconds", 0.0))
+                trajectory.append({"experiments": n, "gpu_h": gpu_s / 3600, "config": base})
+                ended = f"the noise floor of a promoted config could not be measured: {e}"
+                break
             gpu_s += sum(r.gpu_seconds for r in noise.runs)
             control, cv, cap = [r for r in noise.runs if r.valid], noise.capacity_cv, noise.floor.median
             trajectory.append({"experiments": n, "gpu_h": gpu_s / 3600, "config": base})
             if _reached(name, base, target):
                 break
     return {"bench": name, "method": method, "seed": seed, "experiments": n, "gpu_h": gpu_s / 3600,
-            "trajectory": trajectory}
+            "trajectory": trajectory, **({"ended_because": ended} if ended else {})}
 
 
 class _StoppingCampaign(CampaignRunner):
@@ -249,8 +263,11 @@ def campaign(name: str, seed: int, budget: int, target: float | None = None) -> 
             era = next((x for x in st.eras if x.source_experiment_id == d["experiment_id"]), None)
             gpu_s += noise_gpu.get(era.index, 0.0) if era else 0.0
             trajectory.append({"experiments": done, "gpu_h": gpu_s / 3600, "config": d["config"]})
+    unmeasured = st.original.noise is None  # the production config's capacity cannot be measured
     return {"bench": name, "method": "offline", "seed": seed, "experiments": int(st.spent["experiments"]),
-            "gpu_h": st.spent["gpu_seconds"] / 3600, "trajectory": trajectory, "ended_because": st.ended_because}
+            "gpu_h": st.spent["gpu_seconds"] / 3600, "trajectory": [] if unmeasured else trajectory,
+            "ended_because": f"{UNMEASURED}: {st.ended_because}" if unmeasured else st.ended_because,
+            **({"unmeasured": True} if unmeasured else {})}
 
 
 def method_job(task: tuple[str, str, int, int, float | None]) -> dict:
@@ -402,7 +419,7 @@ def main() -> int:
                     f.write(json.dumps(r, default=str) + "\n")
                 runs.append(r)
                 print(f"  {r['bench']:24s} {r['method']:8s} seed {r['seed']}: {r['experiments']} experiments, "
-                      f"{r['gpu_h']:.1f} GPU-h, {len(r['trajectory']) - 1} promotion(s), {r['wall_s']:.0f} s"
+                      f"{r['gpu_h']:.1f} GPU-h, {max(0, len(r['trajectory']) - 1)} promotion(s), {r['wall_s']:.0f} s"
                       + (f" ({r['ended_because']})" if r.get("ended_because") else ""), flush=True)
             finished = {r["job"] for r in runs}
             complete = [b for b in benches if all(key(j) in finished for j in jobs if j[0] == b.name)]
@@ -414,6 +431,7 @@ def main() -> int:
 
             table, summary = [], {m: [] for m in methods}
             gpu_summary = {m: [] for m in methods}
+            dropped: list[str] = []
             for b in benches:
                 found = [t["config"] for r in runs if r["bench"] == b.name for t in r["trajectory"]]
                 grid_scored = [(cap_of(b.name, c) or 0.0, c) for c in grids[b.name] if passes(b.name, c)]
@@ -430,9 +448,12 @@ def main() -> int:
                     mine = [r for r in runs if r["bench"] == b.name and r["method"] == m]
                     # a campaign that ends early (nothing evidence-supported left) without reaching counts as its
                     # budget + 1, like a search that used its whole budget
+                    # a run whose production baseline could not be measured (too few valid noise runs) tested
+                    # nothing: it is left out and listed, not counted as a miss
+                    dropped += [f"{b.name} {m} seed {r['seed']}" for r in mine if r.get("unmeasured")]
                     got = [reached(r["trajectory"], caps, opt_cap, args.offline_budget if m == "offline" else args.budget)
-                           for r in mine]
-                    row[m] = float(np.median([g[0] for g in got]))
+                           for r in mine if not r.get("unmeasured")]
+                    row[m] = float(np.median([g[0] for g in got])) if got else float("nan")
                     row[m + "_gpu_h"] = float(np.nanmedian([g[1] for g in got])) if any(
                         not math.isnan(g[1]) for g in got) else float("nan")
                     row[m + "_runs"] = [g[0] for g in got]
@@ -450,7 +471,9 @@ def main() -> int:
               + " ".join(f"{c:>16s}" for c in cells) + f"  {json.dumps(r['optimum_config'], sort_keys=True)}")
     print("optimum: the reference grid's best that passes the gate (what the counts are against); best: the best "
           "config any method promoted, when higher")
-    med = {m: float(np.median(v)) for m, v in summary.items()}
+    if dropped:
+        print(f"left out (the production config's noise floor could not be measured): {', '.join(dropped)}")
+    med = {m: float(np.nanmedian(v)) for m, v in summary.items()}
     gmed = {m: float(np.nanmedian(v)) if any(not math.isnan(x) for x in v) else float("nan")
             for m, v in gpu_summary.items()}
     print(f"{'median':24s} {'':8s} {'':8s} {'':8s}  " + " ".join(f"{med[m]:5.1f} ({gmed[m]:6.1f} h)".rjust(16)
@@ -465,7 +488,7 @@ def main() -> int:
     # nothing and pulls every median down, so the medians without it are printed too
     easy = [r["bench"] for r in table if (r["default"] or 0.0) >= 0.95 * r["optimum"]]
     if easy and len(easy) < len(table):
-        rest = {m: float(np.median([r[m] for r in table if r["bench"] not in easy])) for m in methods}
+        rest = {m: float(np.nanmedian([r[m] for r in table if r["bench"] not in easy])) for m in methods}
         print(f"already at 95% of the grid's optimum in production: {', '.join(easy)}; medians without: "
               + ", ".join(f"{m} {v:.1f}" for m, v in rest.items())
               + (f" (target {verdict(rest)})" if "offline" in rest and "tpe" in rest else ""))
