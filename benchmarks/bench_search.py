@@ -266,7 +266,7 @@ def campaign(name: str, seed: int, budget: int, target: float | None = None) -> 
     unmeasured = st.original.noise is None  # the production config's capacity cannot be measured
     return {"bench": name, "method": "offline", "seed": seed, "experiments": int(st.spent["experiments"]),
             "gpu_h": st.spent["gpu_seconds"] / 3600, "trajectory": [] if unmeasured else trajectory,
-            "ended_because": f"{UNMEASURED}: {st.ended_because}" if unmeasured else st.ended_because,
+            "ended_because": st.ended_because,
             **({"unmeasured": True} if unmeasured else {})}
 
 

@@ -230,7 +230,7 @@ def main() -> int:
                     help="per-run capacity statistic of the verdicts: the interpolated SLA crossing (default) "
                          "or the search's highest confirmed passing rate")
     ap.add_argument("--extension-multiple", type=int, default=stats.EXTENSION_MULTIPLE,
-                    help="a comparison still promising at the run cap may extend to this many times the cap")
+                    help="a comparison undecided at the run cap may extend to this many times the cap (--extension-rule says which)")
     ap.add_argument("--extension-rule", choices=("promising", "reachable"), default=stats.EXTENSION_RULE,
                     help="which undecided comparisons at the run cap get the extension (stats.worth_extending)")
     ap.add_argument("--rule", choices=("strict", "reference"), default=stats.VERDICT_RULE,

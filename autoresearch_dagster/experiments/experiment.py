@@ -482,15 +482,15 @@ def run_experiment(endpoint: EndpointSpec, baseline_config: dict[str, Any], cand
         if extension and not settings.confirm and not stop and stats.worth_extending(v, extension[-1],
                                                                                        min_margin=settings.min_margin):
             # without a confirmation stage (a shared control's "better" is replicated by the promoted config's
-            # own noise floor), a comparison still promising at the cap gets runs in small steps, up to twice
-            # the cap, while it stays undecided and worth extending (stats.EXTENSION_RULE)
+            # own noise floor), a comparison undecided at the cap gets runs in small steps, up to twice the cap,
+            # while a decision stays within reach (stats.worth_extending)
             for ext in extension:
                 stop = ex.fill(ex.targets(ext), "experiment", run_mode)
                 if stop == "invalid":
                     res.invalid_reasons += ex.fatal()
                     return _finish(ex, "invalid", "runs cannot support a comparison")
                 ex.check_drift()
-                v = ex.verdict(f"n={ext} (extension: promising at the run cap)") or v
+                v = ex.verdict(f"n={ext} (extension: a decision within reach at the run cap)") or v
                 if stop or v.verdict != "undecided" or not stats.worth_extending(v, extension[-1],
                                                                                  min_margin=settings.min_margin):
                     break

@@ -364,6 +364,7 @@ def extension_schedule(schedule: Sequence[int], multiple: int | None = None) -> 
 # Which undecided comparisons at the run cap get the extension (``worth_extending``). Chosen on a tuning bank
 # (bench_verdicts.py on out/bv/banks-d.pkl, run CV 4.99%, shared procedure at exactly +-5%): "promising" gave +5% 77.5%,
 # -5% 87.0%; "reachable" 84.5% / 94.0%, A/A 0.0% with either and the same median GPU-hours per decided verdict.
+# Reported on a fresh bank (banks-e, CV 4.67%): +5% 84.0 -> 85.0%, -5% 93.0 -> 95.5%, A/A 1.0 -> 1.5% (docs/campaign.md).
 EXTENSION_RULE = "reachable"
 
 

@@ -94,7 +94,7 @@ def test_a_promising_comparison_at_the_run_cap_is_extended_without_a_confirmatio
     assert stages[0] == "n=3" and res.stages[0]["verdict"] == "undecided"
     assert abs(res.stages[0]["ratio_median"] - 1) >= res.stages[0]["margin"]  # promising at the cap
     assert stats.extension_schedule((3,)) == (6,)  # steps of the first stage, up to twice the cap
-    assert stages[1] == "n=6 (extension: promising at the run cap)"
+    assert stages[1] == "n=6 (extension: a decision within reach at the run cap)"
     assert len([r for r in res.runs if r.arm == "candidate"]) == 6
     assert res.verdict in ("better", "same") and len(stages) <= 3
     assert stats.extension_schedule((5, 10, 20)) == (25, 30, 35, 40)
