@@ -38,8 +38,19 @@ CONFIRM_RESERVE = 3
 SHRINK_LIMIT = 6
 
 
+# A warm-started search (``accelerate``) makes each move in the same direction one ``growth`` factor larger
+# than the last (g, g^2, g^3, ...) up to this factor per move, so a start near the value brackets it in two
+# probes and a start far from it still gets there in a few (twice the start from g = 1.05: five moves).
+ACCELERATE_MAX_FACTOR = 2.0
+
+
+def search_floor(start: float, growth: float, accelerate: bool = False) -> float:
+    """The lowest value a search from ``start`` probes before it concludes that nothing passes."""
+    return start / (ACCELERATE_MAX_FACTOR if accelerate else growth) ** SHRINK_LIMIT
+
+
 def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: float, resolution: float,
-                max_steps: int) -> tuple[float, int]:
+                max_steps: int, accelerate: bool = False) -> tuple[float, int]:
     """Highest passing value of a monotone pass/fail probe; returns (value, probes used).
 
     Grows ``start`` by ``growth`` until a probe fails (or shrinks it until one passes), bisects
@@ -47,9 +58,16 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
     a failed confirmation lowers the bracket and bisection resumes, except within the last
     ``CONFIRM_RESERVE`` steps, where the next lower pass is confirmed directly. 0.0 when nothing passed
     (``no_pass_reason`` tells a search that ran out of steps from one that reached its floor).
+
+    ``accelerate`` is for a start that is an estimate of the value (a warm start: the baseline's
+    noise floor): the first move is the small ``growth`` and each further move in the same direction
+    is one ``growth`` factor larger, up to ``ACCELERATE_MAX_FACTOR`` per move, so the bracket is as narrow
+    as the estimate is good and bisection needs few probes.
     """
     if growth <= 1 or resolution <= 0 or start <= 0:
         raise ValueError("need growth > 1, resolution > 0 and start > 0")
+    floor = search_floor(start, growth, accelerate)
+    factor = growth
     used = 0
     lo, hi = 0.0, math.inf
     passes: list[float] = []
@@ -66,14 +84,16 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
             passes.append(x)
             if hi < math.inf:
                 break
-            x *= growth
+            x *= factor
         else:
             hi = x
             if lo > 0:
                 break
-            x /= growth
-            if x < start / growth ** SHRINK_LIMIT:  # nothing passes even far below the start: capacity ~ 0
+            x = max(x / factor, floor) if x > floor * (1 + 1e-9) else 0.0
+            if x == 0.0:  # nothing passes even far below the start: capacity ~ 0
                 return 0.0, used
+        if accelerate:
+            factor = min(factor * growth, ACCELERATE_MAX_FACTOR)
     refuted = False
     while used < max_steps and lo > 0 and hi < math.inf:
         if hi - lo > resolution * lo and not (refuted and max_steps - used <= CONFIRM_RESERVE):
@@ -89,13 +109,13 @@ def grow_bisect(probe: Callable[[float, str], bool], *, start: float, growth: fl
         hi = lo
         below = [p for p in passes if p < lo]
         refuted = bool(below)
-        lo = max(below) if below else lo / growth
+        lo = max(below) if below else lo / (factor if accelerate else growth)
         passes = [p for p in passes if p < hi]
     return (lo if hi < math.inf or lo > 0 else 0.0), used
 
 
 def no_pass_reason(probed: list[tuple[float, bool]], *, start: float, growth: float, max_steps: int,
-                   unit: str = "req/s") -> tuple[str | None, str | None]:
+                   unit: str = "req/s", accelerate: bool = False) -> tuple[str | None, str | None]:
     """(invalid reason, caveat) of a search from its (value, passed) probes, when none passed.
 
     Out of steps before any pass, the search measured nothing: a 0 would read as "this endpoint
@@ -108,10 +128,11 @@ def no_pass_reason(probed: list[tuple[float, bool]], *, start: float, growth: fl
     if any(ok for _, ok in probed):
         return None, None
     lowest = min(x for x, _ in probed)
-    if lowest <= start / growth ** SHRINK_LIMIT * (1 + 1e-9):
+    floor = search_floor(start, growth, accelerate)
+    if lowest <= floor * (1 + 1e-9):
         return None, f"no step met the SLA, down to {lowest:.4g} {unit} (the search's floor): the value is 0"
     return (f"the search ran out of its {max_steps} steps before any step met the SLA (lowest tried {lowest:.4g} "
-            f"{unit}; the floor is {start / growth ** SHRINK_LIMIT:.4g}): no value was found"), None
+            f"{unit}; the floor is {floor:.4g}): no value was found"), None
 
 
 # ---------------------------------------------------------------- interpolated capacity
@@ -177,6 +198,32 @@ def interpolate_crossing(points: list[tuple[float, float | None, bool]], *, wind
 def interpolate_capacity(steps: list[LoadStep], **kw: Any) -> float | None:
     """``interpolate_crossing`` over a search's valid capacity and confirm steps."""
     return reinterpolate([st.to_dict() for st in steps], **kw)
+
+
+def rate_span(steps: list[dict[str, Any]]) -> float:
+    """Highest over lowest rate of a run's valid capacity and confirm steps (stored ``LoadStep.to_dict`` form):
+    how much of the load curve the run saw. A cold search spans light load to the break (the curve a diagnosis
+    and a calibration read); a warm-started one only the knee."""
+    rates = [float(s["rate_rps"]) for s in steps
+             if s.get("kind") in ("capacity", "confirm") and s.get("valid", True) and s.get("rate_rps")]
+    return max(rates) / min(rates) if rates else 0.0
+
+
+def curve_run(runs: list[Any], median: float | None = None) -> Any:
+    """The valid run whose search saw the most of the load curve (``rate_span``; a noise floor's cold first
+    run), the one nearest ``median`` among equals. Runs are RunRecords or their stored dicts."""
+    def get(r: Any, name: str) -> Any:
+        return r.get(name) if isinstance(r, dict) else getattr(r, name)
+
+    def value(r: Any) -> float:
+        v = get(r, "capacity_interp_rps")
+        return float(v if v is not None else get(r, "capacity_rps") or 0.0)
+
+    valid = [r for r in runs if get(r, "valid") and get(r, "steps")]
+    if not valid:
+        return None
+    return max(valid, key=lambda r: (round(rate_span(get(r, "steps")), 6),
+                                     -abs(value(r) - (median if median is not None else value(r)))))
 
 
 def reinterpolate(steps: list[dict[str, Any]], **kw: Any) -> float | None:
@@ -287,13 +334,14 @@ def find_capacity(deployment: Deployment, pool: Any, sla: SLA, *, gpus: int, mod
         return execute(rate, _step_duration(rate, s, held_e2e[0]), kind, s.min_completed).passed
 
     capacity, _ = grow_bisect(probe, start=s.start_rps, growth=s.growth, resolution=s.resolution,
-                              max_steps=s.max_steps)
+                              max_steps=s.max_steps, accelerate=s.warm_start)
     measured = [st for st in steps if st.kind != "warmup"]
     reasons = [f"{st.step_id}: {r}" for st in measured for r in st.invalid_reasons]
     if capacity > 0 and not confirmed(measured, capacity):
         reasons.append(f"search stopped after {s.max_steps} steps before confirming a capacity")
     none_passed, floor_caveat = no_pass_reason([(st.rate_rps, st.passed) for st in measured],
-                                               start=s.start_rps, growth=s.growth, max_steps=s.max_steps)
+                                               start=s.start_rps, growth=s.growth, max_steps=s.max_steps,
+                                               accelerate=s.warm_start)
     reasons += [none_passed] if none_passed else []
     at_capacity = [o for st, o in zip(steps, outcomes)
                    if st.kind in ("capacity", "confirm") and st.passed and math.isclose(st.rate_rps, capacity)]

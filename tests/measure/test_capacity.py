@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from autoresearch_dagster.measure.capacity import find_capacity, grow_bisect, linear_ramp_steps
-from autoresearch_dagster.measure.profiles import CapacitySettings
+from autoresearch_dagster.measure.capacity import find_capacity, grow_bisect, linear_ramp_steps, no_pass_reason
+from autoresearch_dagster.measure.profiles import WARM_GROWTH, WARM_RESOLUTION, CapacitySettings
 from autoresearch_dagster.spec import SLA
 
 from ..loadgen.helpers import make_pool
@@ -108,3 +108,55 @@ def test_capacity_settings_are_checked_where_they_are_declared():
                 {"step_duration_s": float("nan")}):
         with pytest.raises(SpecError, match=f"measurement setting {next(iter(bad))} = "):
             CapacitySettings(**bad)
+
+
+def _counting(limit: float):
+    calls: list[tuple[float, str]] = []
+
+    def probe(x, kind):
+        calls.append((x, kind))
+        return x <= limit
+
+    return probe, calls
+
+
+def test_a_warm_start_brackets_the_value_in_a_few_probes_and_still_reaches_a_far_one():
+    cold, cold_calls = _counting(15.6)
+    value, used = grow_bisect(cold, start=1.0, growth=2.0, resolution=0.03, max_steps=20)
+    near, near_calls = _counting(15.6)
+    warm_value, warm_used = grow_bisect(near, start=15.0, growth=1.05, resolution=0.03, max_steps=20, accelerate=True)
+    assert near_calls[:2] == [(15.0, "capacity"), (15.75, "capacity")]  # the estimate, then one small move
+    assert 15.0 <= warm_value <= 15.6 and near_calls[-1] == (warm_value, "confirm")
+    assert warm_used <= 4 and warm_used < used  # 15, 15.75 (fail), 15.375, confirm
+    # twice the estimate: each move is one factor larger (x1.05, x1.05^2, x1.05^3, ...), capped at x2 per move
+    far, far_calls = _counting(30.0)
+    far_value, far_used = grow_bisect(far, start=15.0, growth=1.05, resolution=0.03, max_steps=20, accelerate=True)
+    rates = [x for x, k in far_calls[:5]]
+    assert rates[:4] == pytest.approx([15.0, 15.75, 17.364, 20.101], rel=1e-3)
+    assert 29.1 <= far_value <= 30.0 and far_used <= 10
+    low, _ = _counting(4.0)  # far below the estimate: the shrinking moves grow the same way
+    assert 3.88 <= grow_bisect(low, start=15.0, growth=1.05, resolution=0.03, max_steps=20, accelerate=True)[0] <= 4.0
+
+
+def test_a_warm_search_that_finds_nothing_stops_at_the_same_floor_a_doubling_search_would():
+    probe, calls = _counting(0.0)
+    assert grow_bisect(probe, start=16.0, growth=1.05, resolution=0.03, max_steps=40, accelerate=True)[0] == 0.0
+    assert min(x for x, _ in calls) == pytest.approx(16.0 / 2 ** 6)
+    reason, caveat = no_pass_reason([(x, False) for x, _ in calls], start=16.0, growth=1.05, max_steps=40,
+                                    accelerate=True)
+    assert reason is None and "down to 0.25 req/s" in caveat
+
+
+def test_warmed_settings_start_at_the_estimate_and_stop_bisecting_earlier_only_for_the_interpolated_estimator():
+    s = CapacitySettings(start_rps=1.0, resolution=0.01)
+    w = s.warmed(15.0)
+    assert (w.start_rps, w.growth, w.warm_start, w.resolution) == (15.0, WARM_GROWTH, True, WARM_RESOLUTION)
+    assert s.warmed(15.0, estimator="search").resolution == 0.01  # its value is the bracket: keep the resolution
+    assert CapacitySettings(resolution=0.05).warmed(15.0).resolution == 0.05  # a coarser profile stays coarse
+    assert s.warmed(0.0) is s and not s.warm_start
+    dep = KneeDeployment(knee=37.0)
+    res = find_capacity(dep, POOL, SLA_SPEC, gpus=1, model="m", seed=1,
+                        settings=CapacitySettings(step_duration_s=60, min_completed=100, warmup_s=0,
+                                                  resolution=0.01).warmed(36.0))
+    assert res.valid and 37.0 * 0.93 <= res.capacity_rps <= 37.0 * 1.04
+    assert res.steps[0].rate_rps == 36.0 and len(res.steps) <= 6
