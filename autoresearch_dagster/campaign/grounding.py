@@ -80,13 +80,16 @@ def candidate_curves(results: Any, experiment_ids: list[str]) -> dict[str, list[
 
 
 def drift_points(runner: Any, experiments: list[dict[str, Any]], *, per_curve: int = 2) -> list[Any]:
-    """CurvePoints of the era's median baseline run and of ``experiments``' candidate runs, each with its config."""
+    """CurvePoints of the era's baseline load curve (its noise floor's ``curve_run``) and of ``experiments``'
+    candidate runs, each with its config."""
     from dataclasses import replace
 
     from autoresearch_dagster.emulator.calibrate import below_knee, curve_points
 
     era = runner.state.era
-    base_run = next((r for r in runner.control_runs() if r.run_id == (era.noise or {}).get("median_run_id")), None)
+    noise = era.noise or {}
+    base_run = next((r for r in runner.control_runs()
+                     if r.run_id == noise.get("curve_run_id", noise.get("median_run_id"))), None)
     base_run = base_run or next(iter(runner.control_runs()), None)
     points = [replace(p, config=dict(era.config))
               for p in curve_points(below_knee(base_run.steps, keep=per_curve))] if base_run else []

@@ -269,6 +269,7 @@ class CampaignRunner:
     def measure(self) -> Era:
         """The era's noise floor; its runs become the shared control; calibration; replication check."""
         from autoresearch_dagster.experiments.noise import measure_noise
+        from autoresearch_dagster.measure.capacity import curve_run
 
         era = self.state.era
         if not self.running:
@@ -295,12 +296,13 @@ class CampaignRunner:
         margin = stats.decision_margin(noise.capacity_cv, self.budget(),
                                        min_margin=self.harness().min_margin)
         median_run = min(valid, key=lambda r: abs((r.value("capacity_interp_rps") or 0) - noise.floor.median))
+        curve = curve_run(valid, noise.floor.median) or median_run  # the cold first run: light load to the break
         failing = [t for st in median_run.steps if not st.get("meets_sla", True) for t in st.get("failed_terms") or []]
         era.noise = {"noise_id": noise.noise_id, "median": noise.floor.median, "ci_low": noise.floor.ci_low,
                      "ci_high": noise.floor.ci_high, "cv": noise.capacity_cv, "capacities": noise.capacities,
                      "margin": margin, "gpu_seconds": gpu_s, "engine_version": noise.engine_version,
                      "resolved": resolved_config(median_run.server_info, self.endpoint.engine), "limiting": str(failing[0]) if failing else "",
-                     "median_run_id": median_run.run_id, "runs": len(noise.capacities),
+                     "median_run_id": median_run.run_id, "curve_run_id": curve.run_id, "runs": len(noise.capacities),
                      # what a capacity per GPU divides by: GPUs of one server, or an autoscaled fleet's held GPUs
                      "gpus_held": float(statistics.median([r.gpus_held or self.endpoint.gpus for r in valid]))}
         write_json(self._era_dir() / "noise.json", json_safe(noise.to_dict()))
@@ -309,7 +311,7 @@ class CampaignRunner:
         if era.index > 0:
             self._replication(era)
         if self.settings.calibrate:
-            self._calibrate(era, median_run)
+            self._calibrate(era, curve)
         self.state.phase = "diagnose"
         self.save()
         return era
@@ -335,17 +337,17 @@ class CampaignRunner:
         self.say(f"  promotion re-measured: {v.ratio_median:.3f}x the previous baseline (experiment said "
                  f"{src.get('ratio_median') or float('nan'):.3f}x): {'replicated' if replicated else 'NOT replicated'}")
 
-    def _calibrate(self, era: Era, median_run: RunRecord) -> None:
+    def _calibrate(self, era: Era, curve: RunRecord) -> None:
         try:
             sur = self.surrogate()
             before = sur.model_id
-            cal = sur.calibrate(era.config, median_run.steps)
+            cal = sur.calibrate(era.config, curve.steps)
         except (SpecError, ValueError) as e:
             self.say(f"  surrogate calibration skipped: {e}")
             return
         version = grounding.store(self, cal, config=era.config, reason="campaign",
                                   source=f"campaign {self.state.campaign_id} era {era.index} noise run "
-                                         f"{median_run.run_id}") if sur.model_id != before else None
+                                         f"{curve.run_id}") if sur.model_id != before else None
         self.state.surrogate = {**self.state.surrogate, "efficiency": sur.efficiency.__dict__, "calibration": cal,
                                 "version": version or self.state.surrogate.get("version")}
         if sur.model_id != before:
@@ -353,7 +355,7 @@ class CampaignRunner:
                      f"{cal.get('error_after', 0):.1%} ({', '.join(f'{k}={v:.3g}' for k, v in cal['params'].items())})")
 
     def diagnose(self, report: dict[str, Any] | None = None, report_path: str | None = None) -> dict[str, Any]:
-        """Diagnose the era's baseline (reusing its median noise run's load curve), or take ``report``."""
+        """Diagnose the era's baseline (reusing its noise floor's load curve: ``capacity.curve_run``), or take ``report``."""
         era = self.state.era
         if not self.running:
             return {"hypotheses": era.hypotheses}
@@ -361,7 +363,8 @@ class CampaignRunner:
             from autoresearch_dagster.diagnose import diagnose
 
             noise = json.loads((self._era_dir() / "noise.json").read_text())
-            curve = next((r for r in noise["run_details"] if r["run_id"] == era.noise["median_run_id"]), None)
+            curve = next((r for r in noise["run_details"]
+                          if r["run_id"] == era.noise.get("curve_run_id", era.noise["median_run_id"])), None)
             out = self._era_dir() / "diagnosis"
             rep = diagnose(self.endpoint, self.pool, engine=self.engine, config=era.config, out_dir=out, capacity=curve,
                            measurement=self.profile, probes=self.settings.diagnosis_probes, memory_path=self.memory.root / "probes.jsonl" if self.memory

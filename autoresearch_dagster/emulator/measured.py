@@ -6,8 +6,9 @@ Two layouts are accepted, both written by the product's own commands (no format 
   rate, latency percentiles, SLA outcome, validity), its ``settings`` (the request timeout the steps
   ran with), the replay pool's path and hash, the engine and (since this change) the engine version
   and the server config the endpoint ran;
-- ``autoresearch noise --out DIR``: ``DIR/noise.json``; its median-capacity valid run is the curve (the
-  run the campaign calibrates on), with that run's config and engine version.
+- ``autoresearch noise --out DIR``: ``DIR/noise.json``; its run that saw the most of the load curve
+  (``capacity.curve_run``: the cold first run; the others start at its capacity) is the curve, the run the
+  campaign calibrates on, with that run's config and engine version.
 
 A ``load_curve.parquet`` alone (the lake's flat ``load_steps`` rows) is read too when no JSON is there;
 its config, pool and engine version then come from the command line. Anything else is a one-line error.
@@ -67,17 +68,14 @@ def _from_noise(path: Path) -> MeasuredCurve:
     runs = [r for r in d.get("run_details") or [] if r.get("valid") and r.get("steps")]
     if not runs:
         raise SpecError(f"{path} holds no valid run with load steps")
+    from autoresearch_dagster.measure.capacity import curve_run
+
     median = d.get("median")
-
-    def value(r: dict[str, Any]) -> float:
-        v = r.get("capacity_interp_rps")
-        return float(v if v is not None else r.get("capacity_rps") or 0.0)
-
-    run = min(runs, key=lambda r: abs(value(r) - float(median if median is not None else value(r))))
+    run = curve_run(runs, float(median) if median is not None else None)
     return MeasuredCurve(steps=infer_arrivals(run["steps"]), source=str(path), kind="noise", config=run.get("config"),
                          engine=d.get("engine") or run.get("engine"),
                          engine_version=d.get("engine_version") or run.get("engine_version"),
-                         notes=[f"the median-capacity run {run.get('run_id')} of {len(runs)} valid runs"])
+                         notes=[f"the load curve of run {run.get('run_id')} (the widest of {len(runs)} valid runs)"])
 
 
 def _from_parquet(path: Path) -> MeasuredCurve:

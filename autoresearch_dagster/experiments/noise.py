@@ -11,7 +11,8 @@ from autoresearch_dagster.engines.base import Engine, EngineError
 from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.experiments.campaign import Campaign
 from autoresearch_dagster.experiments.parallel import RunTask, run_many
-from autoresearch_dagster.experiments.runs import HarnessSettings, Progress, RunRecord, capacity_metric, record_run
+from autoresearch_dagster.experiments.runs import (HarnessSettings, Progress, RunRecord, capacity_metric, record_run,
+                                                   warm_started)
 from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.spec import EndpointSpec, config_hash
 
@@ -69,10 +70,14 @@ def measure_noise(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, 
                   results: Any = None, settings: HarnessSettings | None = None, reference_rps: float | None = None,
                   campaign: Campaign | None = None, progress: Progress = None) -> NoiseResult:
     """``runs`` independent baseline runs (fresh deployment, distinct seeds): capacity spread, and the spread of
-    key latency quantiles at a reference rate (given, or 0.8 x the first valid capacity)."""
+    key latency quantiles at a reference rate (given, or 0.8 x the first valid capacity).
+
+    The first run searches from the settings' start and sees the whole load curve (``capacity.curve_run``: what a
+    diagnosis and a calibration read); the runs after it start at its capacity (``runs.warm_started``)."""
     if runs < 5:
         raise ValueError(f"measure_noise: need at least 5 runs for a noise floor, got {runs}")
     settings = settings or HarnessSettings()
+    cap_metric = capacity_metric(settings)
     recs: list[RunRecord] = []
     valid: list[RunRecord] = []
 
@@ -95,6 +100,8 @@ def measure_noise(endpoint: EndpointSpec, config: dict[str, Any], pool: Any, *, 
                          reference_fraction=None if reference_rps else REFERENCE_FRACTION) for i in range(n)]
         run_many(endpoint, pool, tasks, engine=engine, settings=settings, workers=settings.parallel_runs,
                  on_done=stored)
+        if valid and not getattr(settings.capacity, "warm_start", False):
+            settings = warm_started(settings, valid[0].value(cap_metric))
         if reference_rps is None:
             first = next((r for r in valid if r.reference_step), None)
             if first is not None:

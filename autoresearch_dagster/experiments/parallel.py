@@ -38,6 +38,7 @@ class RunTask:
     mode: str
     reference_rps: float | None = None
     reference_fraction: float | None = None
+    capacity_start: float | None = None  # a capacity estimate the search starts at (runs.warm_started); None: cold
 
 
 def max_workers() -> int:
@@ -84,11 +85,12 @@ def _worker_pool(path: str) -> Any:
 
 
 def _run_in_worker(recipe: tuple, endpoint_json: str, pool_path: str, settings: Any, task: RunTask) -> Any:
-    from autoresearch_dagster.experiments.runs import execute_run
+    from autoresearch_dagster.experiments.runs import execute_run, warm_started
 
     endpoint = EndpointSpec.model_validate_json(endpoint_json)
     return execute_run(endpoint, task.config, _worker_pool(pool_path), engine=_worker_engine(recipe), arm=task.arm,
-                       run_index=task.run_index, seed=task.seed, purpose=task.purpose, settings=settings,
+                       run_index=task.run_index, seed=task.seed, purpose=task.purpose,
+                       settings=warm_started(settings, task.capacity_start),
                        mode=task.mode, reference_rps=task.reference_rps, reference_fraction=task.reference_fraction)
 
 
@@ -108,7 +110,7 @@ def run_many(endpoint: EndpointSpec, pool: Any, tasks: list[RunTask], *, engine:
     stored (in task order). Parallel only when the engine has a worker recipe, the pool lives in a file
     and ``workers`` > 1. ``should_stop`` is asked before each run one at a time (a budget), and before
     the whole batch when it runs in parallel; runs it stops are not measured."""
-    from autoresearch_dagster.experiments.runs import execute_run
+    from autoresearch_dagster.experiments.runs import execute_run, warm_started
 
     recipe = worker_recipe(engine)
     path = getattr(pool, "path", None)
@@ -119,7 +121,8 @@ def run_many(endpoint: EndpointSpec, pool: Any, tasks: list[RunTask], *, engine:
             if should_stop is not None and should_stop():
                 break
             rec = execute_run(endpoint, t.config, pool, engine=engine, arm=t.arm, run_index=t.run_index, seed=t.seed,
-                              purpose=t.purpose, settings=settings, mode=t.mode, reference_rps=t.reference_rps,
+                              purpose=t.purpose, settings=warm_started(settings, t.capacity_start), mode=t.mode,
+                              reference_rps=t.reference_rps,
                               reference_fraction=t.reference_fraction)
             out.append(rec)
             if on_done:

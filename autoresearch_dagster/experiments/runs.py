@@ -18,7 +18,7 @@ import datetime as dt
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Any, Callable, Literal
 
 from autoresearch_dagster.engines.base import ConfigDriftError, Deployment, Engine, config_drift
@@ -80,6 +80,21 @@ class HarnessSettings:
     # an autoscaled endpoint's capacity runs also replay the production demand curve once (module doc); a
     # campaign turns it off and compares its best config with the original at its end instead
     demand_replay: bool = True
+    # runs whose config's capacity is already estimated (an experiment with a shared control, the noise runs after
+    # the first) start their capacity search at that estimate (``CapacitySettings.warmed``) instead of from the
+    # profile's low start: on the demo a run then costs half the probes
+    warm_start: bool = True
+
+
+def warm_started(settings: HarnessSettings, estimate: float | None) -> HarnessSettings:
+    """``settings`` whose capacity searches start at ``estimate`` (``CapacitySettings.warmed``), when
+    ``settings.warm_start`` and the estimate is a capacity; otherwise ``settings`` unchanged."""
+    from autoresearch_dagster.measure.profiles import CapacitySettings
+
+    if not settings.warm_start or not estimate or not estimate > 0:
+        return settings
+    cap = settings.capacity or CapacitySettings()
+    return replace(settings, capacity=cap.warmed(float(estimate), estimator=settings.estimator))
 
 
 @dataclass

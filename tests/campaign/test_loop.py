@@ -9,7 +9,7 @@ from autoresearch_dagster.campaign.review import approvals, record_approval
 from autoresearch_dagster.campaign.state import CampaignState
 
 from ..agents.helpers import small_endpoint
-from .helpers import runner, settings
+from .helpers import TINY, runner, settings
 
 CAMPAIGN_KEYS = {"campaign_id", "original_capacity_rps", "final_capacity_rps", "gain", "gain_ci", "best_config",
                  "experiments", "hit_rate", "open_questions", "ended_because"}
@@ -188,3 +188,23 @@ def test_a_noise_floor_that_cannot_be_measured_ends_the_campaign_cleanly(tmp_pat
     assert any("could not be measured: noise: only 4 of 5" in q for q in report["open_questions"])
     saved = json.loads((tmp_path / "campaign" / "state.json").read_text())
     assert saved["status"] == "ended" and saved["spent"]["gpu_seconds"] == 1800.0
+
+
+def test_a_noise_floor_keeps_one_whole_load_curve_for_the_diagnosis_and_the_calibration(tmp_path):
+    """The first noise run searches from the profile's start and sees light load to the break; the others start at
+    its capacity (half the probes). The era's curve run, which the diagnosis and the calibration read, is that
+    first run, not the median one, whose probes are all near the knee."""
+    r = runner(tmp_path, settings_=settings(), measurement=TINY.with_overrides(start_rps=0.5))
+    era = r.measure()
+    rows = r.results.query("SELECT r.run_id, s.rate_rps FROM runs r JOIN load_steps s USING (run_id) "
+                           "WHERE r.purpose = 'noise' AND s.kind IN ('capacity', 'confirm') "
+                           "ORDER BY r.started_at, r.run_index, s.step_index")
+    runs = list(dict.fromkeys(k for k, _ in rows))
+    rates = {k: [x for j, x in rows if j == k] for k in runs}
+    (cap0,), = r.results.query(f"SELECT coalesce(capacity_interp_rps, capacity_rps) FROM runs WHERE run_id = '{runs[0]}'")
+    assert rates[runs[0]][0] == r.profile.capacity.start_rps
+    assert [rates[k][0] for k in runs[1:]] == [pytest.approx(cap0)] * 4
+    assert era.noise["curve_run_id"] == runs[0]
+    span = {k: max(v) / min(v) for k, v in rates.items()}
+    assert span[runs[0]] > max(span[k] for k in runs[1:])
+    assert sum(len(rates[k]) for k in runs[1:]) / 4 < len(rates[runs[0]])

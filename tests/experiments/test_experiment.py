@@ -319,7 +319,7 @@ def _scripted(values: dict[tuple[str, str], list[float]]):
     """A run source replaying given capacities per (arm, purpose), in order."""
     queues = {k: list(v) for k, v in values.items()}
 
-    def source(arm, config, *, purpose, mode, run_index, seed):
+    def source(arm, config, *, purpose, mode, run_index, seed, capacity_start=None):
         cap = queues[(arm, purpose)].pop(0)
         return RunRecord(run_id=f"r{run_index}", arm=arm, run_index=run_index, seed=seed, purpose=purpose,
                                  config=dict(config), config_hash="h", valid=True, invalid_reasons=[],

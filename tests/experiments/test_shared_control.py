@@ -1,6 +1,7 @@
 """The shared-control procedure campaigns run: earlier baseline runs, anchors, drift, Bonferroni, futility."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from autoresearch_dagster.experiments import stats
@@ -57,7 +58,8 @@ def test_a_drifted_baseline_drops_the_earlier_runs(endpoint, pool):
 
 
 def test_futility_stops_a_candidate_that_cannot_be_better(endpoint, pool):
-    eng = FakeEngine(cap_of({}), noise_cv=0.02)
+    # 1% deployment noise: on this pass/fail cliff a warm search's 3% bracket adds about 0.7% of its own per run
+    eng = FakeEngine(cap_of({}), noise_cv=0.01)
     noise = _noise(endpoint, pool, eng)
     kw = dict(engine=eng, noise_cv=noise.capacity_cv, control=SharedControl(noise.runs))
     fut = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool,
@@ -113,3 +115,30 @@ def test_from_ten_baseline_runs_the_margin_takes_the_run_cv_from_the_baseline_ar
     assert len(base) >= 10
     assert res.stats.noise_cv == pytest.approx(stats.run_cv(base)) and res.stats.noise_cv > 10 * stated
     assert res.noise_cv == stated  # the experiment still records the noise floor it was given
+
+
+def test_runs_whose_capacity_is_estimated_start_their_search_there(endpoint, pool):
+    eng = FakeEngine(cap_of({("schedule_policy", "lpm"): 1.3}), noise_cv=0.01)
+    noise = _noise(endpoint, pool, eng)
+    first = [r.steps[0]["rate_rps"] for r in noise.runs]
+    assert first[0] == 1.0  # nothing known yet: the profile's low start, doubling
+    assert first[1:] == [pytest.approx(noise.runs[0].value("capacity_interp_rps"))] * 4  # then the first run's
+    assert max(len(r.steps) for r in noise.runs[1:]) < len(noise.runs[0].steps)
+    res = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng,
+                         settings=settings(confirm=False), noise_cv=noise.capacity_cv,
+                         control=SharedControl(noise.runs), comparisons=3)
+    median = float(np.median([r.value("capacity_interp_rps") for r in noise.runs]))
+    anchors = [r for r in res.runs if r.arm == "baseline"]
+    assert [r.steps[0]["rate_rps"] for r in anchors] == [pytest.approx(median)] * len(anchors)
+    # the candidate's first run searches cold and alone; its others start at its own capacity so far, not the
+    # baseline's (an estimate leans toward where its search started: capacity_start's doc)
+    cand = [r for r in res.runs if r.arm == "candidate"]
+    assert cand[0].steps[0]["rate_rps"] == 1.0 and res.runs.index(cand[1]) > res.runs.index(cand[0])
+    assert len(cand) >= 5 and [r.steps[0]["rate_rps"] for r in cand[1:5]] == \
+        [pytest.approx(cand[0].value("capacity_interp_rps"))] * 4
+    assert res.verdict == "better" and 1.2 < res.stats.ratio_median < 1.4
+    cold = run_experiment(endpoint, {}, {"schedule_policy": "lpm"}, pool, engine=eng,
+                          settings=settings(confirm=False, warm_start=False), noise_cv=noise.capacity_cv,
+                          control=SharedControl(noise.runs), comparisons=3)
+    assert {r.steps[0]["rate_rps"] for r in cold.runs} == {1.0}
+    assert sum(len(r.steps) for r in res.runs) < sum(len(r.steps) for r in cold.runs)
