@@ -44,7 +44,7 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +84,10 @@ def truth_protocol() -> str:
     """Key prefix of the true-capacity cache and of the finished runs: the capacity profile, the suite and the
     emulator's cost model (version and default factors, ``cost.cost_model_fingerprint``), in any order and any
     subset of the suite, so numbers computed under another of them are never read."""
-    return config_hash({"profile": str(PROFILE.capacity), "suite": [str(b) for b in SUITE],
+    # a capacity setting added since (warm_start) keys nothing at its default: the true capacities are cold searches
+    cap = {k: v for k, v in asdict(PROFILE.capacity).items() if not (k == "warm_start" and not v)}
+    profile = f"CapacitySettings({', '.join(f'{k}={v!r}' for k, v in cap.items())})"
+    return config_hash({"profile": profile, "suite": [str(b) for b in SUITE],
                         "cost_model": cost_model_fingerprint()})[:8]
 
 

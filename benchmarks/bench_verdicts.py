@@ -31,9 +31,15 @@ Two procedures, on the same banks, side by side:
   interval is Bonferroni-widened for the candidates sharing the control, a comparison stops as soon as
   it cannot be "better" (futility: what a campaign needs to know), and a "better" is not re-run inside
   the experiment: it is confirmed when the promoted config's own noise floor is measured, which the
-  benchmark draws too and reports as "better, replicated".
+  benchmark draws too and reports as "better, replicated". Its runs are warm-started as the harness starts
+  them (``experiment._Experiment.capacity_start``): a run the harness asks to start at an estimate of its
+  arm's capacity comes from a bank of warm-started runs of that server (phase 1b: searches from a few of the
+  server's own cold runs' median, first move x1.05, 3% resolution), a cold one (the candidate's first run,
+  the noise floor's first) from the cold bank.
 The GPU-hours of a verdict are those of the runs the experiment measured (the noise floor is paid once
 per baseline whichever procedure runs; the shared rows also show it amortized over the 3 candidates).
+``--seed-base`` moves every phase-1 seed: banks measured with the same base share their deployments' noise
+draws (only the pool's redaction key differs), so a bank meant to be independent needs a base of its own.
 A fourth bank, ``large`` (the demo's mixed-chunk candidate, about +35% at these settings), stands for
 the large effects a campaign's verdicts mostly are.
 
@@ -63,9 +69,10 @@ from autoresearch_dagster.experiments import stats  # noqa: E402
 from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
 from autoresearch_dagster.engines.emulator import EmulatorEngine  # noqa: E402
 from autoresearch_dagster.experiments.experiment import SharedControl, run_experiment  # noqa: E402
-from autoresearch_dagster.experiments.runs import INTERP_METRIC, HarnessSettings, RunRecord, execute_run  # noqa: E402
+from autoresearch_dagster.experiments.runs import (INTERP_METRIC, HarnessSettings, RunRecord, execute_run,  # noqa: E402
+                                                   warm_started)
 from autoresearch_dagster.measure.capacity import reinterpolate  # noqa: E402
-from autoresearch_dagster.measure.profiles import CapacitySettings  # noqa: E402
+from autoresearch_dagster.measure.profiles import WARM_GROWTH, WARM_RESOLUTION, CapacitySettings  # noqa: E402
 from autoresearch_dagster.outputs.files import atomic_write_bytes  # noqa: E402
 from autoresearch_dagster.pool.schema import read_pool  # noqa: E402
 from autoresearch_dagster.pool.build import build_pool
@@ -101,12 +108,12 @@ def _config(arm: str, base: dict) -> dict:
     return {**base, **(LARGE_CHANGE if arm == "large" else CANDIDATE_CHANGE)}
 
 
-def _measure(task: tuple[str, int, int]) -> RunRecord:
-    arm, i, seed = task
+def _measure(task: tuple[str, int, int, float | None]) -> RunRecord:
+    arm, i, seed, start = task
     ep = _W["endpoint"]
     engine = _W["engines"]["baseline" if arm == "large" else arm]
     return execute_run(ep, _config(arm, ep.server_config), _W["pool"], engine=engine, arm=arm, run_index=i, seed=seed,
-                       purpose="bench", settings=_W["settings"], mode="capacity")
+                       purpose="bench", settings=warm_started(_W["settings"], start), mode="capacity")
 
 
 def _scaled(rec: RunRecord, factor: float) -> RunRecord:
@@ -117,32 +124,48 @@ def _scaled(rec: RunRecord, factor: float) -> RunRecord:
 
 
 class BankSource:
-    """Draws pre-measured runs without replacement; A/A shares one bank (and one queue) between arms."""
+    """Draws pre-measured runs without replacement; A/A shares one bank (and one queue) between arms.
 
-    def __init__(self, banks: dict[str, list[RunRecord]], rng: np.random.Generator):
-        self.banks = banks
-        shared = banks["baseline"] is banks["candidate"]
-        order = {arm: list(rng.permutation(len(b))) for arm, b in banks.items()}
-        self.queues = {"baseline": order["baseline"], "candidate": order["baseline"] if shared else order["candidate"]}
+    With ``warm`` banks (the shared procedure), a run the harness asks to start at a capacity estimate
+    (``capacity_start``) comes from the arm's warm-started bank and a cold one from its cold bank, so the
+    benchmark follows the harness's own choice run by run."""
 
-    def __call__(self, arm, config, *, purpose, mode, run_index, seed):
-        if not self.queues[arm]:
-            raise RuntimeError(f"bank for {arm} exhausted: raise --bank")
-        rec = self.banks[arm][self.queues[arm].pop()]
+    def __init__(self, banks: dict[str, list[RunRecord]], rng: np.random.Generator,
+                 warm: dict[str, list[RunRecord]] | None = None):
+        self.banks = {False: banks, True: warm or banks}
+        self.queues = {}
+        for is_warm, b in self.banks.items():
+            shared = b["baseline"] is b["candidate"]
+            order = {arm: list(rng.permutation(len(x))) for arm, x in b.items()}
+            self.queues[is_warm] = {"baseline": order["baseline"],
+                                    "candidate": order["baseline"] if shared else order["candidate"]}
+
+    def __call__(self, arm, config, *, purpose, mode, run_index, seed, capacity_start=None):
+        is_warm = capacity_start is not None
+        queue = self.queues[is_warm][arm]
+        if not queue:
+            raise RuntimeError(f"{'warm' if is_warm else 'cold'} bank for {arm} exhausted: raise --bank")
+        rec = self.banks[is_warm][arm][queue.pop()]
         return dataclasses.replace(rec, arm=arm, purpose=purpose, run_index=run_index, config=dict(config))
 
     def draw(self, arm: str, n: int) -> list[RunRecord]:
-        """``n`` runs measured before the experiment (a noise floor), from the same queue."""
-        return [self(arm, {}, purpose="noise", mode="capacity", run_index=-1 - i, seed=0) for i in range(n)]
+        """``n`` runs measured before the experiment (a noise floor) as ``measure_noise`` measures them: the first
+        one cold, the others started at its capacity (warm, when there are warm banks)."""
+        return [self(arm, {}, purpose="noise", mode="capacity", run_index=-1 - i, seed=0,
+                     capacity_start=None if i == 0 else 1.0) for i in range(n)]
 
 
 def _compare(task: tuple[str, str, int]) -> dict:
     procedure, scenario, k = task
-    ep, banks = _W["endpoint"], _W["banks"]
-    cand_bank = {"aa": banks["baseline"], "plus": banks["faster"], "minus": banks["slower"],
-                 "large": banks["large"]}[scenario]
+    ep = _W["endpoint"]
+    arm = {"aa": "baseline", "plus": "faster", "minus": "slower", "large": "large"}[scenario]
+
+    def pair(banks: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
+        return {"baseline": banks["baseline"], "candidate": banks[arm]}
+
     change = LARGE_CHANGE if scenario == "large" else CANDIDATE_CHANGE
-    source = BankSource({"baseline": banks["baseline"], "candidate": cand_bank}, np.random.default_rng(10_000 + k))
+    warm = pair(_W["warm_banks"]) if procedure == "shared" and _W["warm_banks"] else None
+    source = BankSource(pair(_W["banks"]), np.random.default_rng(10_000 + k), warm=warm)
     settings = dataclasses.replace(_W["settings"], seed=k)
     kw: dict = {}
     noise_s = 0.0
@@ -170,7 +193,10 @@ def _compare(task: tuple[str, str, int]) -> dict:
 def _measured_with(key: dict) -> dict:
     """What a bank's runs depend on (the capacity protocol, warm-up, estimator, servers), not how verdicts use them."""
     st = key.get("settings") or {}
-    return {**key, "settings": {k: st.get(k) for k in ("capacity", "warmup_requests", "estimator", "mode")}}
+    # a capacity setting added since a bank was measured has its default there
+    capacity = {**dataclasses.asdict(CapacitySettings()), **(st.get("capacity") or {})}
+    return {**key, "settings": {**{k: st.get(k) for k in ("warmup_requests", "estimator", "mode")},
+                                "capacity": capacity}}
 
 
 def _load_banks(path: str | None, key: dict) -> list[RunRecord] | None:
@@ -194,6 +220,60 @@ def _save_banks(path: str, key: dict, recs: list[RunRecord]) -> None:
     atomic_write_bytes(path, pickle.dumps({"key": key, "runs": recs}))
 
 
+def _warm_banks(args, ctx, key: dict, pool_path: str, settings: HarnessSettings, speeds: dict, arms: list[str],
+                banks: dict[str, list[RunRecord]], metric: str, exact_factor: dict[str, float]) -> dict[str, list[RunRecord]]:
+    """The shared procedure's warm-started runs (``runs.warm_started``), each server's started where the harness
+    starts it: at an estimate of that server's own capacity, the median of a few of its runs drawn from its cold
+    bank (the baseline: ``--shared-noise-runs``, a noise floor; a candidate: 1 to 5, its first runs). ``--exact``
+    scales them as it scales the cold banks, to exactly +-5% against the warm baseline bank: a 120-run bank pins
+    its ratio only to about +-1% (the warm and cold ratios printed side by side differ by that much, either way),
+    which is a fifth of the effect."""
+    rng = np.random.default_rng(20_261_204)
+    n_bank = key["n_bank"]
+    caps = {arm: [r.value(metric) for r in banks[arm]] for arm in arms}
+    tasks = []
+    for j, arm in enumerate(arms):
+        for i in range(n_bank):
+            k = args.shared_noise_runs if arm == "baseline" else 1 + i % 5
+            start = float(np.median(rng.choice(caps[arm], size=k, replace=False)))
+            tasks.append((arm, i, args.seed_base + 5_000_000 + 1_000_000 * j + i, start))
+    wkey = {**key, "warm": {"growth": WARM_GROWTH, "resolution": WARM_RESOLUTION, "noise_runs": args.shared_noise_runs,
+                            "starts": "own"}}
+    path = str(Path(args.banks).with_suffix(".warm.pkl")) if args.banks else None
+    recs = _load_banks(path, wkey)
+    t0 = time.monotonic()
+    if recs is not None:
+        print(f"phase 1b: {len(recs)} warm-started runs loaded from {path}", flush=True)
+    else:
+        print(f"phase 1b: measuring {len(tasks)} warm-started runs (the shared procedure's: each server's searches "
+              f"start at an estimate of its own capacity, first move x{WARM_GROWTH}, resolution "
+              f"{WARM_RESOLUTION:.0%})", flush=True)
+        with ctx.Pool(args.workers, initializer=_init, initargs=(args.endpoint, pool_path, settings, speeds)) as p:
+            recs = p.map(_measure, tasks, chunksize=4)
+        if path:
+            _save_banks(path, wkey, recs)
+    warm = {arm: [r for r in recs if r.arm == arm and r.valid] for arm in arms}
+    invalid = {arm: sum(1 for r in recs if r.arm == arm and not r.valid) for arm in arms}
+    print(f"  {time.monotonic() - t0:.0f} s; valid runs {[len(b) for b in warm.values()]}, invalid {invalid}")
+    for label, bank in (("cold", banks), ("warm", warm)):
+        rows = [r for arm in arms for r in bank[arm]]
+        nf = stats.noise_floor([r.value(metric) for r in bank["baseline"]])
+        print(f"  {label} runs: {np.mean([len(r.steps) for r in rows]):.1f} probes and "
+              f"{np.mean([r.gpu_seconds for r in rows]) / 3600:.3f} GPU-h per run (mean, all servers); baseline "
+              f"median {nf.median:.3f} req/s, CV {nf.cv:.2%}")
+    wbase = [r.value(metric) for r in warm["baseline"]]
+    factors = {}
+    for arm in ("faster", "slower", "large"):
+        ratio, lo, hi, _ = stats.median_ratio_interval(wbase, [r.value(metric) for r in warm[arm]], confidence=0.95)
+        cold = stats.median_ratio_interval([r.value(metric) for r in banks["baseline"]],
+                                           [r.value(metric) for r in banks[arm]])[0]
+        if arm in exact_factor:  # the cold bank's target ratio (1 +- EFFECT) over the warm bank's measured one
+            factors[arm] = exact_factor[arm] * cold / ratio
+        print(f"  warm capacity ratio {arm}: {ratio:.4f} (95% CI [{lo:.4f}, {hi:.4f}]; cold {cold:.4f})"
+              + (f"; --exact scales it by {factors[arm]:.4f}" if arm in factors else ""))
+    return {arm: [_scaled(r, factors[arm]) for r in b] if arm in factors else b for arm, b in warm.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller banks and fewer comparisons")
@@ -212,8 +292,13 @@ def main() -> int:
     ap.add_argument("--hold-e2e-multiple", type=float, default=0.0,
                     help="hold steps >= 1.25 x this many mean E2E latencies (CapacitySettings.hold_e2e_multiple)")
     ap.add_argument("--start-rps", type=float, default=16.0)
+    ap.add_argument("--seed-base", type=int, default=0,
+                    help="added to every phase-1 run seed: banks with different seed bases have independent deployments "
+                         "(the same base gives the same per-deployment noise draws; only the pool's redaction key differs)")
     ap.add_argument("--banks", help="pickle file of phase 1's run banks: loaded when it exists (phase 1 is skipped; "
                     "the settings it was measured with must match), else written after phase 1")
+    ap.add_argument("--shared-cold", action="store_true",
+                    help="shared procedure on the cold banks (every search from --start-rps), as before warm starts")
     ap.add_argument("--shared-noise-runs", type=int, default=SHARED["noise_runs"],
                     help="shared procedure: noise-floor runs the control starts from (the campaign's noise_runs)")
     ap.add_argument("--shared-anchor-every", type=int, default=SHARED["anchor_every"],
@@ -264,10 +349,10 @@ def main() -> int:
         metric = INTERP_METRIC if args.estimator == "interp" else "capacity_rps"
         speeds = {"baseline": 1.0, "faster": args.faster, "slower": args.slower}
         arms = [*speeds, "large"]
-        tasks = [(arm, i, 1_000_000 * j + i) for j, arm in enumerate(arms) for i in range(n_bank)]
+        tasks = [(arm, i, args.seed_base + 1_000_000 * j + i, None) for j, arm in enumerate(arms) for i in range(n_bank)]
         ctx = mp.get_context("fork")
         key = {"settings": dataclasses.asdict(settings), "speeds": speeds, "n_bank": n_bank, "endpoint": args.endpoint,
-               "large": LARGE_CHANGE}
+               "large": LARGE_CHANGE, **({"seed_base": args.seed_base} if args.seed_base else {})}
         cached = _load_banks(args.banks, key)
         if cached is not None:
             recs = cached
@@ -302,16 +387,21 @@ def main() -> int:
             what = f"speed {speeds[arm]:.4f}" if arm in speeds else f"config {LARGE_CHANGE}"
             print(f"  true capacity ratio {arm} ({what}): {ratio:.4f} "
                   f"(95% CI [{lo:.4f}, {hi:.4f}], {len(base_caps)} vs {len(banks[arm])} runs)")
+        exact_factor = {}
+        cold_banks = dict(banks)  # as measured: where a warm run of a server starts is an estimate of its own capacity
         if args.exact is not None:
             for arm, want in (("faster", 1 + args.exact), ("slower", 1 - args.exact)):
-                factor = want / true_ratio[arm]
+                factor = exact_factor[arm] = want / true_ratio[arm]
                 banks[arm] = [_scaled(r, factor) for r in banks[arm]]
                 true_ratio[arm] = stats.median_ratio_interval(base_caps, [r.value(metric) for r in banks[arm]])[0]
                 print(f"  --exact: {arm} bank scaled by {factor:.4f} -> true capacity ratio {true_ratio[arm]:.4f}")
-        if min(len(b) for b in banks.values()) < 50:
+        warm_banks = None
+        if not args.shared_cold:
+            warm_banks = _warm_banks(args, ctx, key, pool_path, settings, speeds, arms, cold_banks, metric, exact_factor)
+        if min(len(b) for b in [*banks.values(), *(warm_banks or {}).values()]) < 50:
             print("too few valid runs in a bank to run comparisons", file=sys.stderr)
             return 1
-        _W["banks"] = banks
+        _W["banks"], _W["warm_banks"] = banks, warm_banks
         _W["shared"] = {"noise_runs": args.shared_noise_runs, "anchor_every": args.shared_anchor_every,
                         "comparisons": args.shared_comparisons}
         print(f"  shared procedure: control from {args.shared_noise_runs} noise-floor runs, one anchor per "
