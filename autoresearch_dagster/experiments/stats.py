@@ -410,10 +410,10 @@ def stop_undecided(v: Verdict, why: str) -> Verdict:
 
 
 # one-sided: stopping a candidate that cannot win risks only a missed gain. 0.95 since runs are warm-started (half
-# the cost): on the tuning bank (bench_verdicts.py, out/bv/banks-d.pkl; its warm banks then scaled by the cold banks'
-# --exact factors) 0.90 -> 0.95 took +5% from 87.5% to 89.5% and
-# -5% from 92.5% to 94.5%, A/A 1.0% either way, shared/classic cost 0.27 -> 0.28; 0.975 gave 94.0% / 95.5% but the
-# A/A comparisons lost their early stop (3.40 -> 10.14 GPU-h each: no cheaper than the classic procedure's)
+# the cost): on the tuning bank (bench_verdicts.py, out/bv/banks-d.pkl; its warm banks then scaled by the cold
+# banks' --exact factors) 0.90 -> 0.95 took +5% from 87.5% to 89.5% and -5% from 92.5% to 94.5%, A/A 1.0% either
+# way, shared/classic cost 0.27 -> 0.28; 0.975 gave 94.0% / 95.5% but the A/A comparisons lost their early stop
+# (3.40 -> 10.14 GPU-h each: no cheaper than the classic procedure's)
 FUTILITY_CONFIDENCE = 0.95
 
 
