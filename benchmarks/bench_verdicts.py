@@ -220,8 +220,26 @@ def _save_banks(path: str, key: dict, recs: list[RunRecord]) -> None:
     atomic_write_bytes(path, pickle.dumps({"key": key, "runs": recs}))
 
 
+def _runs(args, ctx, path: str | None, key: dict, tasks: list, pool_path: str, settings: HarnessSettings,
+          speeds: dict, what: str) -> list[RunRecord]:
+    """``tasks``' runs: loaded from ``path`` when it holds runs measured under ``key``, else measured on
+    ``--workers`` processes (and saved there)."""
+    recs = _load_banks(path, key)
+    if recs is not None:
+        print(f"{what}: {len(recs)} runs loaded from {path}", flush=True)
+        return recs
+    print(f"{what}: measuring {len(tasks)} runs on {args.workers} workers, load average {os.getloadavg()[0]:.2f}",
+          flush=True)
+    with ctx.Pool(args.workers, initializer=_init, initargs=(args.endpoint, pool_path, settings, speeds)) as p:
+        recs = p.map(_measure, tasks, chunksize=4)
+    if path:
+        _save_banks(path, key, recs)
+    return recs
+
+
 def _warm_banks(args, ctx, key: dict, pool_path: str, settings: HarnessSettings, speeds: dict, arms: list[str],
-                banks: dict[str, list[RunRecord]], metric: str, exact_factor: dict[str, float]) -> dict[str, list[RunRecord]]:
+                banks: dict[str, list[RunRecord]], metric: str, cold_ratio: dict[str, float],
+                target: dict[str, float]) -> dict[str, list[RunRecord]]:
     """The shared procedure's warm-started runs (``runs.warm_started``), each server's started where the harness
     starts it: at an estimate of that server's own capacity, the median of a few of its runs drawn from its cold
     bank (the baseline: ``--shared-noise-runs``, a noise floor; a candidate: 1 to 5, its first runs). ``--exact``
@@ -240,18 +258,10 @@ def _warm_banks(args, ctx, key: dict, pool_path: str, settings: HarnessSettings,
     wkey = {**key, "warm": {"growth": WARM_GROWTH, "resolution": WARM_RESOLUTION, "noise_runs": args.shared_noise_runs,
                             "starts": "own"}}
     path = str(Path(args.banks).with_suffix(".warm.pkl")) if args.banks else None
-    recs = _load_banks(path, wkey)
     t0 = time.monotonic()
-    if recs is not None:
-        print(f"phase 1b: {len(recs)} warm-started runs loaded from {path}", flush=True)
-    else:
-        print(f"phase 1b: measuring {len(tasks)} warm-started runs (the shared procedure's: each server's searches "
-              f"start at an estimate of its own capacity, first move x{WARM_GROWTH}, resolution "
-              f"{WARM_RESOLUTION:.0%})", flush=True)
-        with ctx.Pool(args.workers, initializer=_init, initargs=(args.endpoint, pool_path, settings, speeds)) as p:
-            recs = p.map(_measure, tasks, chunksize=4)
-        if path:
-            _save_banks(path, wkey, recs)
+    recs = _runs(args, ctx, path, wkey, tasks, pool_path, settings, speeds,
+                 f"phase 1b (the shared procedure's warm-started runs: each server's searches start at an estimate of "
+                 f"its own capacity, first move x{WARM_GROWTH}, resolution {WARM_RESOLUTION:.0%})")
     warm = {arm: [r for r in recs if r.arm == arm and r.valid] for arm in arms}
     invalid = {arm: sum(1 for r in recs if r.arm == arm and not r.valid) for arm in arms}
     print(f"  {time.monotonic() - t0:.0f} s; valid runs {[len(b) for b in warm.values()]}, invalid {invalid}")
@@ -265,11 +275,9 @@ def _warm_banks(args, ctx, key: dict, pool_path: str, settings: HarnessSettings,
     factors = {}
     for arm in ("faster", "slower", "large"):
         ratio, lo, hi, _ = stats.median_ratio_interval(wbase, [r.value(metric) for r in warm[arm]], confidence=0.95)
-        cold = stats.median_ratio_interval([r.value(metric) for r in banks["baseline"]],
-                                           [r.value(metric) for r in banks[arm]])[0]
-        if arm in exact_factor:  # the cold bank's target ratio (1 +- EFFECT) over the warm bank's measured one
-            factors[arm] = exact_factor[arm] * cold / ratio
-        print(f"  warm capacity ratio {arm}: {ratio:.4f} (95% CI [{lo:.4f}, {hi:.4f}]; cold {cold:.4f})"
+        if arm in target:  # the target ratio (1 +- EFFECT) over the warm bank's measured one
+            factors[arm] = target[arm] / ratio
+        print(f"  warm capacity ratio {arm}: {ratio:.4f} (95% CI [{lo:.4f}, {hi:.4f}]; cold {cold_ratio[arm]:.4f})"
               + (f"; --exact scales it by {factors[arm]:.4f}" if arm in factors else ""))
     return {arm: [_scaled(r, factors[arm]) for r in b] if arm in factors else b for arm, b in warm.items()}
 
@@ -353,17 +361,7 @@ def main() -> int:
         ctx = mp.get_context("fork")
         key = {"settings": dataclasses.asdict(settings), "speeds": speeds, "n_bank": n_bank, "endpoint": args.endpoint,
                "large": LARGE_CHANGE, **({"seed_base": args.seed_base} if args.seed_base else {})}
-        cached = _load_banks(args.banks, key)
-        if cached is not None:
-            recs = cached
-            print(f"phase 1: {len(recs)} runs loaded from {args.banks}", flush=True)
-        else:
-            print(f"phase 1: measuring {len(tasks)} runs ({n_bank} per server) on {args.workers} workers, "
-                  f"load average {os.getloadavg()[0]:.2f}", flush=True)
-            with ctx.Pool(args.workers, initializer=_init, initargs=(args.endpoint, pool_path, settings, speeds)) as p:
-                recs = p.map(_measure, tasks, chunksize=4)
-            if args.banks:
-                _save_banks(args.banks, key, recs)
+        recs = _runs(args, ctx, args.banks, key, tasks, pool_path, settings, speeds, f"phase 1 ({n_bank} per server)")
         t1 = time.monotonic()
         banks = {arm: [r for r in recs if r.arm == arm and r.valid] for arm in arms}
         invalid = {arm: sum(1 for r in recs if r.arm == arm and not r.valid) for arm in arms}
@@ -387,17 +385,19 @@ def main() -> int:
             what = f"speed {speeds[arm]:.4f}" if arm in speeds else f"config {LARGE_CHANGE}"
             print(f"  true capacity ratio {arm} ({what}): {ratio:.4f} "
                   f"(95% CI [{lo:.4f}, {hi:.4f}], {len(base_caps)} vs {len(banks[arm])} runs)")
-        exact_factor = {}
+        cold_ratio, target = dict(true_ratio), {}
         cold_banks = dict(banks)  # as measured: where a warm run of a server starts is an estimate of its own capacity
         if args.exact is not None:
             for arm, want in (("faster", 1 + args.exact), ("slower", 1 - args.exact)):
-                factor = exact_factor[arm] = want / true_ratio[arm]
+                target[arm] = want
+                factor = want / true_ratio[arm]
                 banks[arm] = [_scaled(r, factor) for r in banks[arm]]
                 true_ratio[arm] = stats.median_ratio_interval(base_caps, [r.value(metric) for r in banks[arm]])[0]
                 print(f"  --exact: {arm} bank scaled by {factor:.4f} -> true capacity ratio {true_ratio[arm]:.4f}")
         warm_banks = None
         if not args.shared_cold:
-            warm_banks = _warm_banks(args, ctx, key, pool_path, settings, speeds, arms, cold_banks, metric, exact_factor)
+            warm_banks = _warm_banks(args, ctx, key, pool_path, settings, speeds, arms, cold_banks, metric, cold_ratio,
+                                     target)
         if min(len(b) for b in [*banks.values(), *(warm_banks or {}).values()]) < 50:
             print("too few valid runs in a bank to run comparisons", file=sys.stderr)
             return 1
