@@ -331,6 +331,9 @@ def main() -> int:
                          "ratio beyond 1±margin)")
     ap.add_argument("--confidence", type=float, default=stats.DECISION_CONFIDENCE,
                     help="two-sided confidence of the verdict interval (stats.DECISION_CONFIDENCE)")
+    ap.add_argument("--correct-worse", action=argparse.BooleanOptionalAction, default=stats.CORRECT_WORSE,
+                    help="reference rule: the \"worse\" significance bound also takes the shared control's Bonferroni "
+                         "correction (by default only \"better\" does)")
     ap.add_argument("--significance-scale", type=float, default=stats.SIGNIFICANCE_SCALE,
                     help="reference rule: the significance bounds' alpha as a multiple of the verdict interval's")
     ap.add_argument("--dump", help="write every comparison's outcome (verdict, runs, ratio, GPU-hours) to this JSON file")
@@ -341,6 +344,7 @@ def main() -> int:
     stats.EXTENSION_RULE = args.extension_rule
     stats.DECISION_CONFIDENCE = args.confidence
     stats.SIGNIFICANCE_SCALE = args.significance_scale
+    stats.CORRECT_WORSE = args.correct_worse
     n_cmp = args.comparisons or (60 if args.quick else 200)
     n_bank = args.bank or (60 if args.quick else 120)
     if n_bank < 50:

@@ -12,9 +12,9 @@ which also check that the baseline has not drifted since: anchors whose median l
 floor's A/A band drop the earlier runs and the experiment continues with fresh interleaved arms.
 With ``comparisons`` candidates sharing one control, the verdict interval's lower bound (what a
 "better", hence a promotion, rests on) is widened to the Bonferroni level
-``1 - (1 - DECISION_CONFIDENCE) / comparisons``; its upper bound ("worse", "same") stays at
-``DECISION_CONFIDENCE`` (``stats.verdict``'s ``upper_confidence``): the family-wise error that matters
-is a false promotion among the round's candidates.
+``1 - (1 - DECISION_CONFIDENCE) / comparisons``, and so is the significance bound a "worse" rests on
+(``stats.CORRECT_WORSE``: a false "worse" claims a difference, which memory keeps); the interval's upper bound, which a
+"same" needs inside the margin, stays at ``DECISION_CONFIDENCE`` (``stats.verdict``'s ``upper_confidence``).
 
 On an autoscaled endpoint, beside the capacity verdict, the runs that replayed the production demand
 curve give the candidate's GPU-seconds against the baseline's on that demand (``gpu_savings``: ratio

@@ -60,6 +60,12 @@ VERDICT_STATISTIC = "hl"  # "hl": Hodges-Lehmann shift, rank interval; "median":
 MIN_MARGIN = 0.02
 VERDICT_RULE = "reference"  # "strict": the CI beyond 1±margin; "reference": methods.md §1 (CI beyond 1, ratio beyond 1±margin)
 SIGNIFICANCE_SCALE = 0.1  # "reference": the significance bounds' alpha = the verdict interval's alpha x this
+# "reference": the "worse" significance bound also takes a shared control's multiplicity correction. A false "worse"
+# is a false claim of a difference, which memory keeps as a finding ("it hurt here") and the A/A rate counts. Measured
+# with bench_verdicts.py (shared control of 3, --exact 0.05, 200 comparisons per scenario) on the banks of stops 27-29:
+# A/A 1.0/1.5/4.5/1.5% -> 0.5/0.5/2.5/1.0% (banks d/e/f/g; 3.1% -> 1.4% over 800 A/A draws on g), -5% power
+# 94.5/91.0/95.0/94.5% -> 94.0/91.0/94.5/94.5%, +5% unchanged.
+CORRECT_WORSE = True
 AA_DRAWS = 20_000
 
 
@@ -262,9 +268,10 @@ def verdict(baseline: Sequence[float], candidate: Sequence[float], *, noise_cv: 
     ``upper_confidence`` (when set and below ``confidence``) takes the upper bound from a narrower interval
     of the same bootstrap seed: the multiplicity correction of a shared control (``confidence`` widened
     for the candidates sharing it) then guards what each candidate would be promoted on, the lower
-    bound, while the upper bound ("worse", and the gain side of "same") keeps the per-comparison level.
-    A wrong "worse" or "same" costs a missed gain, never a false promotion, so correcting it buys no
-    protection and costs the power to see a loss.
+    bound, while the interval's upper bound (the gain side of "same") keeps the per-comparison level: a wrong
+    "same" costs a missed gain, never a false promotion. The "worse" claim's significance bound takes the
+    corrected level too while ``CORRECT_WORSE`` is set (the default): a false "worse" claims a difference, which
+    memory keeps as a finding, and uncorrected it made most of the A/A errors.
     """
     a = _clean(baseline, "verdict baseline")
     b = _clean(candidate, "verdict candidate")
@@ -319,9 +326,11 @@ def _significance_bounds(a: np.ndarray, b: np.ndarray, confidence: float, upper_
                          seed: int, n_resamples: int) -> tuple[float, float]:
     """The lower and upper bounds "better" and "worse" test against 1 under ``VERDICT_RULE == "reference"``: the
     verdict interval's levels with their two-sided alpha scaled by ``SIGNIFICANCE_SCALE`` (each claim at 0.5%
-    one-sided per look by default, divided by the comparisons sharing a control on the "better" side)."""
+    one-sided per look by default, divided by the comparisons sharing a control: on the "better" side always, on
+    the "worse" side while ``CORRECT_WORSE`` is set)."""
     lo_conf = 1.0 - (1.0 - confidence) * SIGNIFICANCE_SCALE
-    hi_conf = 1.0 - (1.0 - (upper_confidence if upper_confidence is not None else confidence)) * SIGNIFICANCE_SCALE
+    upper = confidence if CORRECT_WORSE or upper_confidence is None else upper_confidence
+    hi_conf = 1.0 - (1.0 - upper) * SIGNIFICANCE_SCALE
     if VERDICT_STATISTIC == "hl" and np.all(a > 0) and np.all(b > 0):
         return hl_ratio_interval(a, b, confidence=lo_conf)[1], hl_ratio_interval(a, b, confidence=hi_conf)[2]
     lo = _bootstrap_ci((a, b), _median_ratio, seed=seed, confidence=lo_conf, n_resamples=n_resamples)[0]

@@ -197,3 +197,28 @@ def test_the_reference_rule_refuses_an_estimate_past_the_margin_without_signific
 def test_run_cv_is_the_sample_cv():
     assert stats.run_cv([9.0, 10.0, 11.0]) == pytest.approx(1.0 / 10.0)
     assert stats.run_cv([5.0]) == 0.0
+
+
+def test_a_shared_control_corrects_the_worse_claim_too_when_asked(monkeypatch):
+    """With candidates sharing a control, "worse" is tested at the corrected level too (CORRECT_WORSE): its
+    significance bound is the wider interval's, so a loss just significant per comparison is not "worse" across
+    three, while the same comparison alone still is."""
+    base = np.asarray([10.0, 10.4, 9.6, 10.2, 9.8, 10.1, 9.9, 10.3, 9.7, 10.0])
+    hits = {}
+    for shift in np.linspace(0.90, 0.99, 91):
+        cand = base * shift + np.asarray([0.05, -0.05] * 5)
+        lo_1, hi_1 = stats._significance_bounds(base, cand, 0.90, None, seed=0, n_resamples=1000)
+        _, hi_3 = stats._significance_bounds(base, cand, 1 - 0.10 / 3, None, seed=0, n_resamples=1000)
+        if hi_1 < 1 <= hi_3:  # significant at one comparison's level, not at three's
+            hits[shift] = cand
+    assert hits, "no shift lands between the two levels"
+    shift, cand = max(hits.items())
+    kw = dict(noise_cv=0.01, min_margin=0.01, confidence=1 - 0.10 / 3, upper_confidence=0.90)
+    monkeypatch.setattr(stats, "CORRECT_WORSE", False)
+    uncorrected = stats.verdict(base, cand, **kw)
+    assert uncorrected.verdict == "worse"
+    monkeypatch.setattr(stats, "CORRECT_WORSE", True)
+    corrected = stats.verdict(base, cand, **kw)
+    assert corrected.verdict != "worse"
+    assert corrected.ci_high == pytest.approx(uncorrected.ci_high)  # the interval ("same") keeps its level
+    assert stats.verdict(base, cand, noise_cv=0.01, min_margin=0.01).verdict == "worse"  # one comparison alone
