@@ -41,7 +41,8 @@ TABLE = Path(__file__).resolve().parent / "data" / "emulator_validation.json"
 # throughput), the engines' CPU per step and per request. The defaults in emulator/cost.py and the H100's scales in
 # emulator/catalog.py are this fit's values (see Efficiency's comment for the three factors held out of it).
 FIT_PARAMS = ("gemm_mfu", "gpu.H100.mfu_scale", "mbu", "gpu.H100.mbu_scale", "fp8_mfu", "w8a16_mfu", "moe_mfu",
-              "attn_mfu", "decode_req_layer_s", "fp8_layer_s", "request_in_s", "vllm_request_in_s",
+              "attn_mfu", "decode_req_layer_s", "fp8_layer_s", "request_in_s", "vllm_request_in_s", "vllm_frontend_req_s",
+              "moe_n_half",
               "step_overhead_s", "per_req_overhead_s")
 
 
@@ -52,7 +53,7 @@ def print_rows(rows) -> None:
         p = r.point
         print(f"{p.split:6s} {p.id:42s} {p.engine + ' ' + p.engine_version:16s} {p.gpu + 'x' + str(p.tp):7s} "
               f"{p.metric:23s} {p.value:10.2f} {r.predicted:10.2f} {r.error:+7.1%}")
-    for split in ("report", "fit"):
+    for split in ("holdout", "report", "fit"):
         s = summary([r for r in rows if r.point.split == split])
         print(f"{split} half: {s['n']} points, median |error| {s['median_abs_error']:.1%}, "
               f"worst |error| {s['worst_abs_error']:.1%}")

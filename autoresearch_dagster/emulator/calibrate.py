@@ -43,13 +43,16 @@ DEFAULT_METRICS = (("ttft_ms", "p50"), ("tpot_ms", "p50"), ("itl_ms", "p50"), ("
 # - request_in_s, request_out_s 0.1 ms .. 100 ms of fixed latency before the scheduler (HTTP, chat template,
 #   tokenization of a long prompt on a busy frontend) and from a step to the client (detokenizer, streaming);
 #   vllm_request_in_s up to 200 ms on top of it where the emulator stands in for vLLM's API server;
+# - vllm_frontend_req_s 10 us .. 50 ms on top of frontend_req_s there (vLLM's one API server process);
+# - moe_n_half 1 .. 8192 columns: the per-rank expert width at half the grouped GEMMs' efficiency;
 # - frontend_req_s 10 us .. 50 ms of the single frontend process's CPU per request (20 .. 100,000 requests/s).
 BOUNDS = {"gemm_mfu": (0.05, 1.0), "moe_mfu": (0.05, 1.0), "attn_mfu": (0.05, 1.0), "mbu": (0.1, 1.0),
           "kv_mbu": (0.1, 1.0), "comm_eff": (0.05, 1.0), "step_overhead_s": (1e-5, 0.05),
           "per_req_overhead_s": (1e-8, 1e-3), "eager_layer_s": (1e-6, 1e-3), "kernel_floor_s": (1e-7, 1e-4),
           "fp8_mfu": (0.05, 1.0), "w8a16_mfu": (0.05, 1.0), "decode_req_layer_s": (1e-10, 1e-5),
           "fp8_layer_s": (1e-7, 5e-4), "request_in_s": (1e-4, 0.1), "request_out_s": (1e-4, 0.1),
-          "frontend_req_s": (1e-5, 0.05), "vllm_request_in_s": (1e-4, 0.2)}
+          "frontend_req_s": (1e-5, 0.05), "vllm_request_in_s": (1e-4, 0.2),
+          "vllm_frontend_req_s": (1e-5, 0.05), "moe_n_half": (1.0, 8192.0)}
 
 
 def fittable() -> dict[str, tuple[float, float]]:

@@ -54,7 +54,7 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # NVIDIA H100 SXM5 datasheet: 989 TFLOPS bf16 dense, 1979 fp8 dense, 3.35 TB/s HBM3, 80 GB,
     # NVLink 4 900 GB/s (bidirectional; 450 GB/s each way).
     GPUSpec("H100", bf16_flops=989e12, fp8_flops=1979e12, hbm_bw=3.35e12, memory_gib=79.6,
-            link_bw=450e9, link_latency_s=8e-6, mfu_scale=0.467, mbu_scale=1.196),
+            link_bw=450e9, link_latency_s=8e-6, mfu_scale=0.480, mbu_scale=1.155),
     # NVIDIA H200 SXM datasheet: H100 compute, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s.
     GPUSpec("H200", bf16_flops=989e12, fp8_flops=1979e12, hbm_bw=4.8e12, memory_gib=139.8,
             link_bw=450e9, link_latency_s=8e-6),
