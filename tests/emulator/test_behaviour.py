@@ -57,7 +57,7 @@ def test_interval_raises_capacity_under_itl_sla():
     base = capacity({}, p, sla=sla).capacity_rps
     tuned = capacity({"prefill_decode_interval": 2}, p, sla=sla).capacity_rps
     assert base > 0
-    assert tuned > 1.5 * base
+    assert tuned > 1.4 * base  # 1.45x under cost model 5 (2.75 -> 4.0 req/s); 1.5x+ under cost model 4's slower MoE
 
 
 def test_larger_chunk_lowers_long_prompt_ttft_and_raises_itl_spikes():

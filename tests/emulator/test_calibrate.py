@@ -59,7 +59,9 @@ def test_every_efficiency_factor_has_fit_bounds_around_its_default():
     for f in fields(Efficiency):
         lo, hi = BOUNDS[f.name]
         assert 0 < lo < f.default < hi, f"{f.name}: default {f.default} outside its bounds ({lo}, {hi})"
-        if not f.name.endswith("_s"):
+        if f.name == "moe_n_half":  # a width in GEMM columns
+            assert hi >= 4096, "moe_n_half must reach past the widest per-rank expert"
+        elif not f.name.endswith("_s"):
             assert hi <= 1.0, f"{f.name} is a fraction of peak"
 
 
@@ -67,11 +69,11 @@ def test_calibration_fits_the_fixed_request_latency_by_name():
     """A factor eb9b54c added is fittable by name: the frontend's fixed latency shows in TTFT at low load."""
     ep = endpoint(model="llama-3.1-8b", gpu_name="H100", sla="ttft_p99<=5000ms,tpot_p99<=200ms")
     p = pool(n=120, prompt_median=400, prompt_sigma=0.3, output_median=40, output_sigma=0.3, seed=3)
-    truth = Efficiency(request_in_s=0.025)
+    truth = Efficiency(request_in_s=0.06)
     points = [CurvePoint(1.0, {}, duration_s=20.0, seed=0)]
     measured = curve_points(predict(ep, {}, p, points, truth), duration_s=20.0)
     res = calibrate(ep, {}, p, measured, params=("request_in_s",), metrics=(("ttft_ms", "p50"),), max_evals=20)
-    assert res.params["request_in_s"] == pytest.approx(0.025, rel=0.1)
+    assert res.params["request_in_s"] == pytest.approx(0.06, rel=0.1)
     assert res.initial_error["ttft_ms.p50"] > 0.2 > 0.02 > res.error["ttft_ms.p50"]
 
 
@@ -98,8 +100,8 @@ def test_restarts_leave_a_fit_that_stopped_far_from_the_curve():
     p = pool(n=300, prompt_median=2500, prompt_sigma=0.3, output_median=80, output_sigma=0.3, seed=11)
     measured = _measured(ep, p)
     far = Efficiency(gemm_mfu=0.051, mbu=0.99, step_overhead_s=TRUTH.step_overhead_s)
-    stuck = calibrate(ep, {}, p, measured, start=far, max_evals=4)
-    found = calibrate(ep, {}, p, measured, start=far, max_evals=4, restarts=4)
+    stuck = calibrate(ep, {}, p, measured, start=far, max_evals=3)
+    found = calibrate(ep, {}, p, measured, start=far, max_evals=3, restarts=4)
     assert max(stuck.error.values()) > 0.2 and max(found.error.values()) < 0.1
     assert found.params["mbu"] == pytest.approx(0.6, rel=0.1) and found.n_evals > stuck.n_evals
 

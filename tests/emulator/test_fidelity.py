@@ -140,13 +140,16 @@ def test_closed_loop_keeps_the_concurrency_and_waits_for_the_client():
 def test_the_table_is_cited_split_by_its_rule_and_covers_what_issue_13_asks():
     points = load_table(TABLE)
     assert len(points) >= 15
-    assert all(p.split == split_of(p.id) and p.source_quote and p.url.startswith("https://") for p in points)
+    assert all(p.source_quote and p.url.startswith("https://") for p in points)
+    assert all(p.split == split_of(p.id) for p in points if p.added is None)  # the first table: the fixed rule
+    assert all(p.split in ("fit", "holdout") for p in points if p.added is not None)  # added later: declared
+    assert sum(p.split == "holdout" for p in points) >= 15
     assert {p.gpu for p in points} >= {"H100", "A100"}
     assert {p.weights for p in points} >= {"bf16", "fp8"} and "fp8_e4m3" in {p.kv_dtype for p in points}
     assert any(model_card(p.model).is_moe for p in points) and any(not model_card(p.model).is_moe for p in points)
     kinds = {(p.workload.kind, p.workload.concurrency) for p in points}
     assert ("concurrency", 1) in kinds and any(k == "offline" for k, _ in kinds)
-    assert {p.split for p in points} == {"fit", "report"}
+    assert {p.split for p in points} == {"fit", "report", "holdout"}
 
 
 def test_a_point_marked_against_the_split_rule_is_refused(tmp_path):
@@ -157,6 +160,24 @@ def test_a_point_marked_against_the_split_rule_is_refused(tmp_path):
     bad.write_text(json.dumps({"points": [p]}))
     with pytest.raises(SpecError, match="split rule"):
         load_table(bad)
+
+
+def test_a_point_added_later_declares_fit_or_holdout_and_a_holdout_point_is_never_fitted(tmp_path):
+    data = json.loads(TABLE.read_text())
+    p = next(q for q in data["points"] if q.get("added") and q["split"] == "holdout")
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"points": [{**p, "split": "report"}]}))
+    with pytest.raises(SpecError, match="must be declared 'fit' or 'holdout'"):
+        load_table(bad)
+    (held,) = load_table(_write(tmp_path / "h.json", {"points": [p]}))
+    assert held.split == "holdout" and held.added
+    with pytest.raises(SpecError, match="'fit' half"):
+        fit([held], ("mbu",))
+
+
+def _write(path, data):
+    path.write_text(json.dumps(data))
+    return path
 
 
 def test_sharegpt_lengths_hit_the_published_totals_within_the_clients_filter():
