@@ -133,6 +133,8 @@ class Efficiency:
 
 
 HIDDEN_SPREAD = 0.30
+# Efficiency fields that are not achieved fractions of a peak (seconds, and a width in GEMM columns): never capped
+NOT_FRACTIONS = frozenset(f for f in Efficiency.__dataclass_fields__ if f.endswith("_s")) | {"moe_n_half"}
 
 # Bump when the cost model's mechanics change what a config costs (a new mechanism, a changed formula), so
 # results cached on emulator numbers (benchmarks/bench_search_truth.json) are recomputed, not reused.
@@ -142,7 +144,9 @@ HIDDEN_SPREAD = 0.30
 #    the factors refitted on the 80-point validation table's fit half.
 # 5: grouped MoE GEMMs lose rate with the per-rank expert width (moe_n_half), vLLM's API server costs per request
 #    (vllm_frontend_req_s), and the factors refitted on the 49 fit points.
-COST_MODEL_VERSION = 5
+# 6: an endpoint's hidden factors no longer cap moe_n_half at 0.95 (the cap is for fractions of a peak): under 5
+#    every hidden MoE engine ran its narrow experts at full rate.
+COST_MODEL_VERSION = 6
 
 
 def cost_model_fingerprint() -> str:
@@ -165,7 +169,7 @@ def hidden_efficiency(seed: int, spread: float = HIDDEN_SPREAD) -> Efficiency:
         raise SpecError(f"hidden_factors_spread must be in [0, 1), got {spread}")
     rng = random.Random(f"hidden-factors-{seed}")
     drawn = {k: v * rng.uniform(1 - spread, 1 + spread) for k, v in asdict(Efficiency()).items()}
-    return Efficiency(**{k: min(v, 0.95) if not k.endswith("_s") else v for k, v in drawn.items()})
+    return Efficiency(**{k: min(v, 0.95) if k not in NOT_FRACTIONS else v for k, v in drawn.items()})
 
 
 def endpoint_efficiency(engine_options: dict[str, Any] | None) -> Efficiency | None:

@@ -40,3 +40,20 @@ def test_truth_cache_ignores_and_prunes_entries_of_another_cost_model(tmp_path, 
     assert other != proto and bs.load_truth_cache(path, other) == ({}, 3)
     assert bs.load_truth_cache(tmp_path / "missing.json", proto) == ({}, 0)
 
+
+
+def test_hidden_factors_stay_within_the_spread_and_cap_only_fractions_of_a_peak():
+    """An emulated endpoint's own factors are its defaults times U(0.7, 1.3); achieved fractions stay below their
+    peak, while times and the MoE width (``moe_n_half``, hundreds of columns) are never capped."""
+    from dataclasses import asdict
+
+    from autoresearch_dagster.emulator.cost import NOT_FRACTIONS, Efficiency, hidden_efficiency
+
+    default = asdict(Efficiency())
+    assert "moe_n_half" in NOT_FRACTIONS and "request_in_s" in NOT_FRACTIONS and "gemm_mfu" not in NOT_FRACTIONS
+    for seed in range(20):
+        for k, v in asdict(hidden_efficiency(seed)).items():
+            if k in NOT_FRACTIONS:
+                assert 0.7 * default[k] <= v <= 1.3 * default[k], (seed, k, v)
+            else:
+                assert min(0.7 * default[k], 0.95) <= v <= 0.95, (seed, k, v)
