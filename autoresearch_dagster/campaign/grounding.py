@@ -87,9 +87,7 @@ def drift_points(runner: Any, experiments: list[dict[str, Any]], *, per_curve: i
     from autoresearch_dagster.emulator.calibrate import below_knee, curve_points
 
     era = runner.state.era
-    noise = era.noise or {}
-    base_run = next((r for r in runner.control_runs()
-                     if r.run_id == noise.get("curve_run_id", noise.get("median_run_id"))), None)
+    base_run = next((r for r in runner.control_runs() if r.run_id == era.curve_run_id), None)
     base_run = base_run or next(iter(runner.control_runs()), None)
     points = [replace(p, config=dict(era.config))
               for p in curve_points(below_knee(base_run.steps, keep=per_curve))] if base_run else []

@@ -363,8 +363,7 @@ class CampaignRunner:
             from autoresearch_dagster.diagnose import diagnose
 
             noise = json.loads((self._era_dir() / "noise.json").read_text())
-            curve = next((r for r in noise["run_details"]
-                          if r["run_id"] == era.noise.get("curve_run_id", era.noise["median_run_id"])), None)
+            curve = next((r for r in noise["run_details"] if r["run_id"] == era.curve_run_id), None)
             out = self._era_dir() / "diagnosis"
             rep = diagnose(self.endpoint, self.pool, engine=self.engine, config=era.config, out_dir=out, capacity=curve,
                            measurement=self.profile, probes=self.settings.diagnosis_probes, memory_path=self.memory.root / "probes.jsonl" if self.memory

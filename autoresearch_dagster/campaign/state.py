@@ -75,6 +75,13 @@ class Era:
     replication: dict[str, Any] | None = None  # a promotion's re-measured gain against the previous era
     rounds: int = 0
 
+    @property
+    def curve_run_id(self) -> str | None:
+        """The noise run whose load curve the era's diagnosis, calibration and grounding read (``capacity.curve_run``);
+        eras saved before warm starts kept only their median run."""
+        noise = self.noise or {}
+        return noise.get("curve_run_id", noise.get("median_run_id"))
+
 
 @dataclass
 class CampaignState:
