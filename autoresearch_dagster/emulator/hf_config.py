@@ -25,13 +25,13 @@ ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
     "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3",
     "Gemma4ForCausalLM": "gemma4_text", "Gemma4ForConditionalGeneration": "gemma4", "GptOssForCausalLM": "gpt_oss",
-    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV3ForCausalLM": "deepseek_v3", "Glm4MoeForCausalLM": "glm4_moe",
 }
 _ARCH_OF = {mt: a for a, mt in ARCHITECTURES.items()}
 # composite model_type -> its text config's model_type
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
-SUPPORTED = ("deepseek_v3", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "gpt_oss", "llama",
-             "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+SUPPORTED = ("deepseek_v3", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe", "gpt_oss",
+             "llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 # transformers' defaults of the fields read here, where a family's default is not hidden_size // heads
 # (head_dim) or False (tie_word_embeddings); the Gemma text configs' full defaults serve composite files.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -46,6 +46,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                     "max_position_embeddings": 131_072, "tie_word_embeddings": True, "sliding_window": 512,
                     "enable_moe_block": False, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0},
     "gpt_oss": {"head_dim": 64, "sliding_window": 128},
+    "glm4_moe": {"head_dim": 128},
 }
 REQUIRED = object()
 
@@ -175,7 +176,8 @@ def _moe(f: _Fields, family: str, layers: int) -> dict[str, Any]:
         return dict(ffn=f.int("intermediate_size") if moe_layers < layers else 0, experts=f.int("num_experts"),
                     active_experts=f.int("num_experts_per_tok"), expert_ffn=f.int("moe_intermediate_size"),
                     shared_ffn=shared, moe_layers=moe_layers)
-    if family == "deepseek_v3":  # first_k_dense_replace dense layers, then MoE every moe_layer_freq-th layer
+    if family in ("deepseek_v3", "glm4_moe"):  # first_k_dense_replace dense layers, then MoE every
+        # moe_layer_freq-th layer (GLM-4.5/4.6: the DeepSeek-V3 MoE layout, no moe_layer_freq field)
         first, freq = f.int("first_k_dense_replace", minimum=0), f.int("moe_layer_freq", 1)
         moe_layers = sum(1 for i in range(layers) if i >= first and i % freq == 0)
         expert = f.int("moe_intermediate_size")

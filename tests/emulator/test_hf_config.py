@@ -62,6 +62,12 @@ DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3
     "max_position_embeddings": 163840, "tie_word_embeddings": False, "num_nextn_predict_layers": 1,
     "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                             "weight_block_size": [128, 128]}}
+GLM45_AIR = {  # zai-org/GLM-4.5-Air: DeepSeek-V3's MoE layout (1 dense layer, 1 shared expert) with GQA attention
+    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "hidden_size": 4096, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 46, "num_attention_heads": 96, "num_key_value_heads": 8,
+    "head_dim": 128, "n_shared_experts": 1, "n_routed_experts": 128, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1, "partial_rotary_factor": 0.5, "attention_bias": True, "vocab_size": 151552,
+    "max_position_embeddings": 131072, "tie_word_embeddings": False, "num_nextn_predict_layers": 1}
 
 
 def write(tmp_path, name, cfg) -> str:
@@ -188,6 +194,25 @@ def test_deepseek_v3_mla_params_and_latent_kv(tmp_path):
     assert c.weights_bytes(True) == total * 1.0  # quantization=fp8 cannot halve it again
 
 
+def test_glm4_moe_dense_first_layer_shared_expert_and_wide_gqa_heads(tmp_path):
+    c = load_card(write(tmp_path, "glm", GLM45_AIR))
+    h = 4096
+    attn = gqa_attn(h, 96, 8, 128)  # 96 x 128 query width, three times the hidden size
+    expert = mlp(h, 1408)
+    total = 46 * attn + mlp(h, 10944) + 45 * (expert + 128 * expert) + 2 * 151552 * h
+    active = 46 * attn + mlp(h, 10944) + 45 * (expert + 8 * expert) + 151552 * h
+    assert c.total_params == total and abs(total / 106e9 - 1) < 0.01  # GLM-4.5-Air: 106B total
+    assert c.active_params == active and abs(active / 12e9 - 1) < 0.07  # 12B active
+    assert c.n_moe_layers == 45 and c.shared_ffn == 1408 and c.ffn == 10944 and not c.is_mla
+    assert c.kv_bytes_per_token(2.0) == 2 * 46 * 8 * 128 * 2
+    assert c.architecture == "Glm4MoeForCausalLM"
+    no_head_dim = load_card(write(tmp_path, "glm2", {k: v for k, v in GLM45_AIR.items() if k != "head_dim"}))
+    assert no_head_dim.head_dim == 128  # transformers' Glm4MoeConfig default, not hidden // heads (42)
+    big = model_card("glm-4.6")  # bundled: 355B total, 32B active (the MTP layer left out)
+    assert abs(big.total_params / 355e9 - 1) < 0.01 and abs(big.active_params / 32e9 - 1) < 0.03
+    assert big.n_moe_layers == 89
+
+
 def test_mla_kv_size_reaches_kv_capacity_and_read_cost(tmp_path):
     c = load_card(write(tmp_path, "ds", DEEPSEEK_V3))
     hw = gpu("H200")
@@ -210,7 +235,7 @@ def test_mla_kv_size_reaches_kv_capacity_and_read_cost(tmp_path):
         step = cm.step(decode_reqs=32, decode_ctx=ctx, decode_ctx_swa=ctx, n_running=32)
         read = per_token * (ctx + 32)  # context read + the new tokens' KV written
         per_seq = 32 * c.layers * eff.decode_req_layer_s
-        assert step.attn_s == pytest.approx(read / (hw.hbm_bw * eff.kv_mbu) + per_seq, rel=0.01)
+        assert step.attn_s == pytest.approx(read / (hw.hbm_bw * eff.kv_mbu * hw.mbu_scale) + per_seq, rel=0.01)
     assert caps["fp8_e4m3"] / caps["auto"] == pytest.approx(2.0, rel=1e-3)
 
 
