@@ -146,6 +146,20 @@ def _save_trace(session: Session, trace_dir: Path | None, round_no: int) -> str 
     return str(path)
 
 
+def _save_orchestrator_trace(proposals: list[Proposal], trace_dir: Path | None, round_no: int) -> str | None:
+    """The orchestrator's own proposals of a round (controls, combinations, the joint candidate) with what they
+    were built from: parents, evidence, the surrogate's prediction; their ``trace`` points here."""
+    if trace_dir is None or not proposals:
+        return None
+    path = Path(trace_dir) / f"round-{round_no:03d}" / "orchestrator.json"
+    write_json(path, json_safe({"proposer": "orchestrator", "proposals": [
+        {"id": p.id, "source": p.source, "kind": p.kind, "direction": p.direction, "parents": p.parent_ids,
+         "intervention": p.intervention.delta(), "explanation": p.explanation, "evidence": p.evidence,
+         "justification": p.intervention.justification, "prediction": p.prediction.model_dump()}
+        for p in proposals]}))
+    return str(path)
+
+
 def _run_session(proposer: Any, brief: ResearchBrief, tools: Any) -> Session:
     try:
         return proposer.propose(brief, tools)
@@ -236,6 +250,8 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
     if predictor is not None:
         extra = _orchestrator_proposals(inputs, accepted, predictor, base, resolved, margin, guardrails.max_changes,
                                         sessions=sessions)
+        path = _save_orchestrator_trace(extra, Path(trace_dir) if trace_dir else None, brief0.round)
+        extra = [p.model_copy(update={"trace": path}) for p in extra]
         for p in extra:
             admit(p)
 

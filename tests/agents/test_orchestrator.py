@@ -1,5 +1,6 @@
 """The orchestrator: directions, parallel sessions, guardrails, controls, selection, traces."""
 import json
+from pathlib import Path
 
 from autoresearch_dagster.agents.guardrails import Guardrails
 from autoresearch_dagster.agents.orchestrator import DirectionStat, RoundInputs, choose_directions, plan_round
@@ -160,6 +161,12 @@ def test_a_round_proposes_the_joint_candidate_first_when_it_beats_every_single(t
                                       "cuda_graph_max_bs_decode": 512}
     assert "trace:kernels_quant" in " ".join(first.parent_ids)
     assert [p.id for p in plan.proposals[1:]] == ["a", "c"]  # the singles: its controls
+    # the orchestrator's own proposal keeps a trace too: what it was built from, beside the sessions' traces
+    trace = json.loads(Path(first.trace).read_text())
+    (entry,) = [e for e in trace["proposals"] if e["id"] == first.id]
+    assert trace["proposer"] == "orchestrator" and Path(first.trace).parent == tmp_path / "round-002"
+    assert entry["parents"] == first.parent_ids and entry["intervention"] == first.intervention.delta()
+    assert entry["prediction"]["capacity_ratio"] == first.prediction.capacity_ratio
 
 
 def test_the_joint_candidate_stakes_one_new_lossy_setting_at_most():
