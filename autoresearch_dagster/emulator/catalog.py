@@ -50,14 +50,21 @@ MODELS_DIR = Path(__file__).parent / "models"
 MODELS: dict[str, ModelCard] = {d.name: load_card(d / "config.json", name=d.name)
                                 for d in sorted(MODELS_DIR.iterdir()) if (d / "config.json").is_file()}
 
+# GPUs built on another's die take its fitted scales (the H200 is the H100's GH100 die with HBM3e): they share
+# the power-limited clocks, the kernels and the host-side stack those scales absorb. ``validation.gpus_with``
+# applies a fitted scale to both.
+SAME_DIE = {"H200": "H100"}
+H100_MFU_SCALE, H100_MBU_SCALE = 0.480, 1.155  # fitted (benchmarks/bench_emulator_fidelity.py --fit)
+
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # NVIDIA H100 SXM5 datasheet: 989 TFLOPS bf16 dense, 1979 fp8 dense, 3.35 TB/s HBM3, 80 GB,
     # NVLink 4 900 GB/s (bidirectional; 450 GB/s each way).
     GPUSpec("H100", bf16_flops=989e12, fp8_flops=1979e12, hbm_bw=3.35e12, memory_gib=79.6,
-            link_bw=450e9, link_latency_s=8e-6, mfu_scale=0.480, mbu_scale=1.155),
-    # NVIDIA H200 SXM datasheet: H100 compute, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s.
+            link_bw=450e9, link_latency_s=8e-6, mfu_scale=H100_MFU_SCALE, mbu_scale=H100_MBU_SCALE),
+    # NVIDIA H200 SXM datasheet: H100 compute, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s. The H100's scales
+    # (SAME_DIE): the table has no H200 run in its fit half.
     GPUSpec("H200", bf16_flops=989e12, fp8_flops=1979e12, hbm_bw=4.8e12, memory_gib=139.8,
-            link_bw=450e9, link_latency_s=8e-6),
+            link_bw=450e9, link_latency_s=8e-6, mfu_scale=H100_MFU_SCALE, mbu_scale=H100_MBU_SCALE),
     # NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOPS bf16 dense, 4.5 PFLOPS fp8 dense, 8 TB/s HBM3e,
     # 180 GB, NVLink 5 1.8 TB/s (900 GB/s each way).
     GPUSpec("B200", bf16_flops=2250e12, fp8_flops=4500e12, hbm_bw=8.0e12, memory_gib=178.4,

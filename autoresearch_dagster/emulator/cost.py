@@ -146,7 +146,8 @@ NOT_FRACTIONS = frozenset(f for f in Efficiency.__dataclass_fields__ if f.endswi
 #    (vllm_frontend_req_s), and the factors refitted on the 49 fit points.
 # 6: an endpoint's hidden factors no longer cap moe_n_half at 0.95 (the cap is for fractions of a peak): under 5
 #    every hidden MoE engine ran its narrow experts at full rate.
-COST_MODEL_VERSION = 6
+# 7: the H200 takes the H100's fitted GEMM / HBM scales (catalog.SAME_DIE: one die), where it had the A100's 1.0.
+COST_MODEL_VERSION = 7
 
 
 def cost_model_fingerprint() -> str:

@@ -18,8 +18,9 @@ The split of the first 80 points is fixed by the id alone (``split_of``), before
 factors are fitted on the ``fit`` points only (``fit``), and the ``report`` half is what the benchmark
 reported. Points added later carry an ``added`` date and a declared split: ``holdout`` for sources nobody had
 read while the emulator was being changed (never fitted; the benchmark's first print of them is the clean
-out-of-sample figure), ``fit`` for sources read during that work. The ``report`` half has been looked at
-through many rounds of model changes since, so the ``holdout`` points are the honest test.
+out-of-sample figure), ``fit`` for sources read during that work. Holdout points come in rounds (``round``): once a
+round has been printed it has been seen, and the next model change is judged on a new round. The ``report`` half
+has been looked at through many rounds of model changes since, so the ``holdout`` rounds are the honest test.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from typing import Any, Iterable, Literal
 import numpy as np
 from scipy.optimize import least_squares
 
-from autoresearch_dagster.emulator.catalog import GPUSpec, gpu, model_card
+from autoresearch_dagster.emulator.catalog import SAME_DIE, GPUSpec, gpu, model_card
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.emulator.engine_view import vllm_gpu_defaults
@@ -96,6 +97,7 @@ class Point:
     config: dict[str, Any] = field(default_factory=dict)
     note: str | None = None
     added: str | None = None  # date a point was added after the first table; its split is then declared
+    round: int = 1  # which batch of added points (each holdout round is reported on its own, once unseen)
 
 
 def _point(d: dict[str, Any], where: str) -> Point:
@@ -108,6 +110,8 @@ def _point(d: dict[str, Any], where: str) -> Point:
         raise SpecError(f"{where}: point {p.id!r} has unknown metric {p.metric!r}; known: {', '.join(METRICS)}")
     if p.added is None and p.split != split_of(p.id):
         raise SpecError(f"{where}: point {p.id!r} is marked {p.split!r} but the split rule puts it in {split_of(p.id)!r}")
+    if p.added is None and p.round != 1:
+        raise SpecError(f"{where}: point {p.id!r} names a round but no 'added' date")
     if p.added is not None and p.split not in ("fit", "holdout"):
         raise SpecError(f"{where}: point {p.id!r}, added {p.added}, must be declared 'fit' or 'holdout', not {p.split!r}")
     if not p.source_quote or not p.url.startswith("https://"):
@@ -273,12 +277,14 @@ def _known_gpu(name: str) -> bool:
 
 
 def gpus_with(scales: dict[str, float]) -> dict[str, GPUSpec]:
-    """Catalog GPUs with the per-GPU scales ``{"gpu.A100.mfu_scale": 1.1, ...}`` applied (only those named)."""
+    """Catalog GPUs with the per-GPU scales ``{"gpu.A100.mfu_scale": 1.1, ...}`` applied (only those named, and the
+    GPUs on the same die: ``catalog.SAME_DIE``)."""
     out: dict[str, GPUSpec] = {}
     for name, v in scales.items():
         _, g, field_ = name.split(".")
-        base = out.get(g.upper()) or gpu(g)
-        out[g.upper()] = dataclasses.replace(base, **{field_: float(v)})
+        for target in [g.upper()] + [d for d, src in SAME_DIE.items() if src == g.upper()]:
+            base = out.get(target) or gpu(target)
+            out[target] = dataclasses.replace(base, **{field_: float(v)})
     return out
 
 
