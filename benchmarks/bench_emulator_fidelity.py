@@ -50,13 +50,17 @@ FIT_PARAMS = ("gemm_mfu", "gpu.H100.mfu_scale", "mbu", "gpu.H100.mbu_scale", "fp
 def print_rows(rows) -> None:
     print(f"{'split':6s} {'point':42s} {'engine':16s} {'gpu':7s} {'metric':23s} {'published':>10s} "
           f"{'emulator':>10s} {'error':>7s}")
-    for r in sorted(rows, key=lambda r: (r.point.split, r.point.id)):
+    for r in sorted(rows, key=lambda r: (r.point.split, r.point.round, r.point.id)):
         p = r.point
-        print(f"{p.split:6s} {p.id:42s} {p.engine + ' ' + p.engine_version:16s} {p.gpu + 'x' + str(p.tp):7s} "
+        label = f"hold{p.round}" if p.split == "holdout" else p.split
+        print(f"{label:6s} {p.id:42s} {p.engine + ' ' + p.engine_version:16s} {p.gpu + 'x' + str(p.tp):7s} "
               f"{p.metric:23s} {p.value:10.2f} {r.predicted:10.2f} {r.error:+7.1%}")
-    for split in ("holdout", "report", "fit"):
-        s = summary([r for r in rows if r.point.split == split])
-        print(f"{split} half: {s['n']} points, median |error| {s['median_abs_error']:.1%}, "
+    groups = [(f"holdout round {n}", [r for r in rows if r.point.split == "holdout" and r.point.round == n])
+              for n in sorted({r.point.round for r in rows if r.point.split == "holdout"})]
+    groups += [(f"{split} half", [r for r in rows if r.point.split == split]) for split in ("report", "fit")]
+    for name, group in groups:
+        s = summary(group)
+        print(f"{name}: {s['n']} points, median |error| {s['median_abs_error']:.1%}, "
               f"worst |error| {s['worst_abs_error']:.1%}")
 
 

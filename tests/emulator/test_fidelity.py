@@ -173,6 +173,12 @@ def test_a_point_added_later_declares_fit_or_holdout_and_a_holdout_point_is_neve
     assert held.split == "holdout" and held.added
     with pytest.raises(SpecError, match="'fit' half"):
         fit([held], ("mbu",))
+    # holdout rounds: a later round names itself; a round needs the date it was added
+    rounds = {q.round for q in load_table(TABLE) if q.split == "holdout"}
+    assert rounds >= {1, 2}
+    first = {k: v for k, v in data["points"][0].items() if k != "added"}
+    with pytest.raises(SpecError, match="names a round but no 'added' date"):
+        load_table(_write(tmp_path / "r.json", {"points": [{**first, "round": 2}]}))
 
 
 def _write(path, data):
