@@ -30,6 +30,9 @@ from autoresearch_dagster.emulator.engine_view import emulator_view
 from autoresearch_dagster.spec import EndpointSpec, SpecError, config_hash
 
 Z = {0.5: 0.674, 0.8: 1.2816, 0.9: 1.645, 0.95: 1.96}
+# Weight of the calibration's prior on log-factors (emulator.calibrate, prior_weight): the few low-rate baseline steps
+# a campaign fits on cannot pin every factor down, and an unpinned one must stay near its documented default.
+CALIBRATION_PRIOR = 0.1
 
 
 @dataclass
@@ -152,13 +155,14 @@ class Surrogate:
         res = calibrate(self.endpoint, config, self.pool, points, params=self.params,
                         start=self.efficiency,
                         metrics=(("ttft_ms", "p50"), ("tpot_ms", "p50"), ("itl_ms", "p50")), max_evals=max_evals,
-                        request_timeout_s=self.capacity.request_timeout_s)
+                        request_timeout_s=self.capacity.request_timeout_s, prior_weight=CALIBRATION_PRIOR)
         before, after = float(np.mean(list(res.initial_error.values()))), float(np.mean(list(res.error.values())))
         fitted = res.success or after < before
         if fitted and after < before:
             self.efficiency = res.efficiency
             self.cache.clear()
-        self.calibration = {"fitted": fitted and after < before, "params": res.params, "error_before": before,
+        self.calibration = {"fitted": fitted and after < before, "params": res.params, "prior_weight": CALIBRATION_PRIOR,
+                            "error_before": before,
                             "error_after": after, "points": len(points), "n_evals": res.n_evals,
                             "error_before_by_metric": res.initial_error, "error_after_by_metric": res.error,
                             "residuals": res.predictions, "success": res.success}

@@ -150,3 +150,21 @@ def test_replaying_a_measured_search_step_by_step():
     assert all(st.n_sent == s["n_sent"] and st.passed == s["passed"] for s, st in same)
     slow = replay_measured(ep, {}, steps, p, Efficiency(mbu=0.3, step_overhead_s=0.004))
     assert all(st.tpot_ms["p50"] > 1.3 * s["tpot_ms"]["p50"] for s, st in slow)
+
+
+def test_a_prior_holds_the_factors_toward_their_start_and_is_not_counted_as_error():
+    """prior_weight puts a Gaussian prior on the log-factors around the start: a weak one leaves a well-measured
+    factor where the data put it, a strong one pulls it toward the start; the reported error is the data's alone."""
+    ep = endpoint(model="llama-3.1-8b", gpu_name="H100", sla="ttft_p99<=5000ms,tpot_p99<=200ms")
+    p = pool(n=120, prompt_median=400, prompt_sigma=0.3, output_median=40, output_sigma=0.3, seed=3)
+    points = [CurvePoint(1.0, {}, duration_s=20.0, seed=0)]
+    measured = curve_points(predict(ep, {}, p, points, Efficiency(request_in_s=0.06)), duration_s=20.0)
+    fit = dict(params=("request_in_s",), metrics=(("ttft_ms", "p50"),), max_evals=20)
+    free = calibrate(ep, {}, p, measured, **fit)
+    weak = calibrate(ep, {}, p, measured, prior_weight=0.1, **fit)
+    strong = calibrate(ep, {}, p, measured, prior_weight=3.0, **fit)
+    start = Efficiency().request_in_s
+    assert weak.params["request_in_s"] == pytest.approx(free.params["request_in_s"], rel=0.1)
+    assert start < strong.params["request_in_s"] < 0.8 * free.params["request_in_s"]
+    assert strong.error["ttft_ms.p50"] > weak.error["ttft_ms.p50"]  # the data's miss, not the prior's term
+    assert set(strong.error) == {"ttft_ms.p50"}
