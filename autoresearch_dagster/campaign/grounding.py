@@ -18,11 +18,14 @@ from autoresearch_dagster.spec import config_hash
 
 
 def start_from_store(results: Any, endpoint: str) -> tuple[dict[str, float] | None, int | None]:
-    """(efficiency values, version) of the endpoint's latest stored calibration, or (None, None)."""
+    """(efficiency values, version) of the endpoint's latest stored calibration, or (None, None); (None, None) too
+    when that version was fitted under another cost model (``StoredCalibration.current``): its factors priced other
+    mechanics, and a surrogate started from them mispredicts (the demo's surrogate, started from a calibration of
+    cost model 6 on cost model 7, predicted fp8 KV at 0.94x where a fresh start predicted 1.9x and measured 1.84x)."""
     if results is None:
         return None, None
     cal = latest(results.root, endpoint)
-    return (cal.to_efficiency().__dict__, cal.version) if cal else (None, None)
+    return (cal.to_efficiency().__dict__, cal.version) if cal and cal.current else (None, None)
 
 
 def store(runner: Any, cal: dict[str, Any], *, config: dict[str, Any], reason: str, source: str,

@@ -7,7 +7,8 @@ records the engine and engine version the curve was measured on, the config and 
 measured with, why it was made (``cli``, ``campaign``, ``drift``), the fitted factors, the full
 ``Efficiency`` they complete, and the fit's error before and after.
 
-The latest version is what the proposers' surrogate starts from (``campaign.loop``) and what an
+The latest version fitted under the running cost model (``cost_model``) is what the proposers' surrogate starts from
+(``campaign.loop``; a version of an older cost model is kept and readable, not started from), and what an
 ``engine: emulator`` endpoint runs on when its spec asks (``engine_options: {calibration: latest}``
 or a path to a version file; ``engines.emulator``). Efficiency fields are read by name, so a
 version written before a field was added completes it with the field's default.
@@ -21,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.emulator.cost import Efficiency, cost_model_fingerprint
 from autoresearch_dagster.outputs.files import atomic_write_text, json_safe
 from autoresearch_dagster.spec import SpecError
 
@@ -55,6 +56,14 @@ class StoredCalibration:
     version: int = 0
     created_at: str = ""
     path: str = ""
+    # the cost model the factors were fitted under (cost.cost_model_fingerprint; save fills it in): factors of another
+    # cost model mean other things, so a campaign does not start from them ("" = written before it was recorded)
+    cost_model: str = ""
+
+    @property
+    def current(self) -> bool:
+        """Fitted under the cost model the emulator runs now."""
+        return self.cost_model == cost_model_fingerprint()
 
     def to_efficiency(self) -> Efficiency:
         return efficiency_of(self.efficiency)
@@ -145,6 +154,7 @@ def save(lake_root: str | Path, cal: StoredCalibration, *, results: Any = None) 
     d = calibration_dir(lake_root, cal.endpoint)
     d.mkdir(parents=True, exist_ok=True)
     cal.created_at = cal.created_at or utc_now().isoformat()
+    cal.cost_model = cal.cost_model or cost_model_fingerprint()  # fitted just now, on the cost model that runs now
     n = (versions(d)[-1][0] if versions(d) else 0) + 1
     while True:
         target = d / f"v{n}.json"

@@ -105,3 +105,21 @@ def test_verified_experiments_carry_the_emulator_prediction_and_the_error_report
                  "--window", "1"]) == 0
     out = capsys.readouterr().out
     assert "knob family" in out and all(f in out for _, f, _, _ in rows) and "drift: YES" in out
+
+
+def test_a_calibration_of_another_cost_model_is_kept_but_not_started_from(tmp_path):
+    from autoresearch_dagster.campaign.grounding import start_from_store
+    from autoresearch_dagster.emulator.cost import cost_model_fingerprint
+
+    lake = open_lake(tmp_path / "lake")
+    cal = dict(endpoint="e", engine="emulator", engine_version="t", model="llama-3.1-8b", gpu="H100", gpus=1,
+               config_hash="-", pool_hash="-", reason="cli", source="a curve", params={"mbu": 0.7},
+               efficiency=Efficiency(mbu=0.7).__dict__, error_before={}, error_after={}, points=3, n_evals=1,
+               success=True)
+    now = calibrations.save(lake.root, calibrations.StoredCalibration(**cal), results=lake)
+    assert now.cost_model == cost_model_fingerprint() and now.current
+    assert start_from_store(lake, "e") == (Efficiency(mbu=0.7).__dict__, 1)
+    old = calibrations.save(lake.root, calibrations.StoredCalibration(**cal, cost_model="an-older-one"), results=lake)
+    assert calibrations.latest(lake.root, "e").version == old.version == 2  # kept, readable
+    assert not calibrations.load(old.path).current
+    assert start_from_store(lake, "e") == (None, None)  # but the surrogate starts from the documented factors
