@@ -8,7 +8,7 @@ capacity the driver reports (GiB), which is what SGLang's memory-based defaults 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoresearch_dagster.emulator.card import ModelCard
@@ -51,20 +51,19 @@ MODELS: dict[str, ModelCard] = {d.name: load_card(d / "config.json", name=d.name
                                 for d in sorted(MODELS_DIR.iterdir()) if (d / "config.json").is_file()}
 
 # GPUs built on another's die take its fitted scales (the H200 is the H100's GH100 die with HBM3e): they share
-# the power-limited clocks, the kernels and the host-side stack those scales absorb. ``validation.gpus_with``
-# applies a fitted scale to both.
+# the power-limited clocks, the kernels and the host-side stack those scales absorb. Applied below the catalog, and
+# by ``validation.gpus_with`` to a fit's scales.
 SAME_DIE = {"H200": "H100"}
-H100_MFU_SCALE, H100_MBU_SCALE = 0.480, 1.155  # fitted (benchmarks/bench_emulator_fidelity.py --fit)
 
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # NVIDIA H100 SXM5 datasheet: 989 TFLOPS bf16 dense, 1979 fp8 dense, 3.35 TB/s HBM3, 80 GB,
     # NVLink 4 900 GB/s (bidirectional; 450 GB/s each way).
     GPUSpec("H100", bf16_flops=989e12, fp8_flops=1979e12, hbm_bw=3.35e12, memory_gib=79.6,
-            link_bw=450e9, link_latency_s=8e-6, mfu_scale=H100_MFU_SCALE, mbu_scale=H100_MBU_SCALE),
+            link_bw=450e9, link_latency_s=8e-6, mfu_scale=0.480, mbu_scale=1.155),
     # NVIDIA H200 SXM datasheet: H100 compute, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s. The H100's scales
     # (SAME_DIE): the table has no H200 run in its fit half.
     GPUSpec("H200", bf16_flops=989e12, fp8_flops=1979e12, hbm_bw=4.8e12, memory_gib=139.8,
-            link_bw=450e9, link_latency_s=8e-6, mfu_scale=H100_MFU_SCALE, mbu_scale=H100_MBU_SCALE),
+            link_bw=450e9, link_latency_s=8e-6),
     # NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOPS bf16 dense, 4.5 PFLOPS fp8 dense, 8 TB/s HBM3e,
     # 180 GB, NVLink 5 1.8 TB/s (900 GB/s each way).
     GPUSpec("B200", bf16_flops=2250e12, fp8_flops=4500e12, hbm_bw=8.0e12, memory_gib=178.4,
@@ -87,6 +86,8 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     GPUSpec("CPU-SPR-2C", bf16_flops=2.07e12, fp8_flops=2.07e12, hbm_bw=25.2e9, memory_gib=23.0,
             link_bw=10e9, link_latency_s=20e-6, has_fp8=False),
 ]}
+GPUS.update({g: replace(GPUS[g], mfu_scale=GPUS[src].mfu_scale, mbu_scale=GPUS[src].mbu_scale)
+             for g, src in SAME_DIE.items()})
 
 
 def model_card(name: str) -> ModelCard:
