@@ -41,6 +41,22 @@ class ModelCard:
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Gated attention (Qwen3-Next / Qwen3.5 full-attention layers): q_proj also emits a sigmoid output gate
+    attn_output_gate: bool = False
+    # Linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5): no KV cache; a fixed recurrent state per
+    # request (value heads x key dim x value dim, in ``linear_state_bytes`` each) and a short causal-conv state
+    linear_layers: int = 0
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_state_bytes: float = 4.0  # SGLang's mamba_ssm_dtype default float32
+    # DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer scores every prior token (index_heads of
+    # index_head_dim, fp8) and the MLA attention itself reads only the top ``index_topk`` of them
+    index_topk: int = 0
+    index_heads: int = 0
+    index_head_dim: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -57,6 +73,39 @@ class ModelCard:
         return self.layers if self.moe_layers is None else self.moe_layers
 
     @property
+    def attn_layers(self) -> int:
+        """Layers with softmax attention (and a KV cache): all but the linear-attention layers."""
+        return self.layers - self.linear_layers
+
+    @property
+    def attn_window(self) -> int:
+        """Tokens a clipped attention layer reads at most: the sliding window, or DSA's top-k (0 = none)."""
+        return self.sliding_window if self.sliding_window > 0 else self.index_topk
+
+    @property
+    def attn_params(self) -> int:
+        """Attention projections summed over layers (softmax and linear-attention layers)."""
+        return self.attn_layers * self.attn_params_per_layer + self.linear_layers * self.linear_params_per_layer
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Gated DeltaNet projections: q, k, v and the output gate z in, beta and the decay a per value head,
+        and the output projection (the depthwise conv and norms are left out)."""
+        if not self.linear_layers:
+            return 0
+        kd, vd = self.linear_k_heads * self.linear_k_dim, self.linear_v_heads * self.linear_v_dim
+        return self.hidden * (2 * kd + 2 * vd + 2 * self.linear_v_heads) + vd * self.hidden
+
+    def linear_state_bytes_per_request(self, tp: int = 1) -> float:
+        """Recurrent + conv state of one request on one GPU, all linear-attention layers (heads split by TP)."""
+        if not self.linear_layers:
+            return 0.0
+        ssm = self.linear_v_heads * self.linear_k_dim * self.linear_v_dim * self.linear_state_bytes
+        conv_ch = 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
+        conv = conv_ch * max(0, self.linear_conv_kernel - 1) * self.kv_dtype_bytes
+        return self.linear_layers * (ssm + conv) / tp
+
+    @property
     def attn_params_per_layer(self) -> int:
         h, n = self.hidden, self.heads
         if self.is_mla:
@@ -66,7 +115,7 @@ class ModelCard:
             qk_nope = self.head_dim - self.qk_rope_head_dim
             kv_b = self.kv_lora_rank * n * (qk_nope + self.v_head_dim)  # latent -> per-head K (nope) and V
             return q + kv_a + kv_b + n * self.v_head_dim * h
-        q = h * n * self.head_dim
+        q = h * n * self.head_dim * (2 if self.attn_output_gate else 1)
         kv = 2 * h * self.kv_heads * self.head_dim
         o = n * self.head_dim * h
         return q + kv + o
@@ -92,18 +141,21 @@ class ModelCard:
 
     @property
     def total_params(self) -> int:
-        return self.layers * self.attn_params_per_layer + self.dense_mlp_params + self.routed_params + self.embed_params
+        return self.attn_params + self.dense_mlp_params + self.routed_params + self.embed_params
 
     @property
     def active_params(self) -> int:
         """Parameters one token touches (top-k experts, plus the lm_head; embedding lookups are free)."""
         routed_active = self.n_moe_layers * self.active_experts * self.expert_params
-        return (self.layers * self.attn_params_per_layer + self.dense_mlp_params + routed_active
+        return (self.attn_params + self.dense_mlp_params + routed_active
                 + self.vocab * self.hidden)
 
     @property
     def n_global_layers(self) -> int:
-        return self.layers if self.sliding_window <= 0 else self.full_layers
+        """Softmax-attention layers that read the whole context (none under DSA: every layer reads its top-k)."""
+        if self.index_topk > 0:
+            return 0
+        return self.attn_layers if self.sliding_window <= 0 else self.full_layers
 
     def param_bytes(self, fp8_weights: bool) -> float:
         """Bytes per non-expert parameter; fp8 quantization stores at most one byte."""
@@ -125,6 +177,8 @@ class ModelCard:
         kv_lora_rank + qk_rope_head_dim per layer that every TP rank holds whole (SGLang's
         ``MLATokenToKVPool``; model_runner's cell size has no TP division on that branch)."""
         if self.is_mla:
-            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes
+            # DSA adds the indexer's key per token and layer: fp8, one fp32 scale (SGLang's NSATokenToKVPool)
+            index = (self.index_head_dim + 4) if self.index_topk else 0
+            return self.layers * ((self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes + index)
         kv_heads_per_gpu = max(1.0, self.kv_heads / tp)
-        return 2 * self.layers * kv_heads_per_gpu * self.head_dim * kv_bytes
+        return 2 * self.attn_layers * kv_heads_per_gpu * self.head_dim * kv_bytes

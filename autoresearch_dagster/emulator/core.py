@@ -510,7 +510,7 @@ class _Replica:
         start = max(now, self.busy_until)
         self.t_now = start
         model = self.core.model
-        W = model.sliding_window
+        W = model.attn_window  # a sliding window or DSA's top-k: those layers read at most W tokens
         segs = None
         if (self.interval_remaining > 0 and self.n_running > 0 and self.n_running >= self.interval_min_bs):
             self.interval_remaining -= 1

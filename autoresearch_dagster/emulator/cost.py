@@ -243,10 +243,12 @@ class CostModel:
         self.overlap = overlap
         self.stream_interval = stream_interval
         m = model
-        self._dense_params = (m.layers * m.attn_params_per_layer + m.dense_mlp_params) / tp
+        self._dense_params = (m.attn_params + m.dense_mlp_params) / tp
         self._lm_params = m.vocab * m.hidden / tp
         self._expert_params = m.expert_params / tp
-        self._kv_per_layer_token = m.kv_bytes_per_token(kv_bytes, tp) / m.layers
+        # KV bytes per token and softmax-attention layer the attention kernels read (DSA's index keys apart)
+        self._idx_per_layer_token = (m.index_head_dim + 4.0) if m.index_topk else 0.0
+        self._kv_per_layer_token = m.kv_bytes_per_token(kv_bytes, tp) / m.attn_layers - self._idx_per_layer_token
         heads = m.heads / tp  # query heads are split over TP ranks (MLA too; its latent KV is not)
         if m.is_mla:  # absorbed decode over the latent; prefill as MHA over decompressed heads
             self._attn_flop_decode = heads * (4.0 * m.kv_lora_rank + 2.0 * m.qk_rope_head_dim)
@@ -254,7 +256,19 @@ class CostModel:
         else:  # QK^T and PV, 2 FLOPs per MAC
             self._attn_flop_decode = self._attn_flop_prefill = 4.0 * heads * m.head_dim
         self._n_global = m.n_global_layers
-        self._n_sliding = m.layers - self._n_global
+        self._n_sliding = m.attn_layers - self._n_global  # sliding-window layers, or DSA's top-k layers
+        # Gated DeltaNet layers (per rank): the chunked delta rule costs ~6 x k_dim x v_dim FLOPs per value head and
+        # token (state decay/update and readout) plus the intra-chunk attention of 64-token chunks in prefill; each
+        # step reads and writes every scheduled request's recurrent state once per layer
+        self._n_linear = m.linear_layers
+        if m.linear_layers:
+            vh, dk, dv = m.linear_v_heads / tp, m.linear_k_dim, m.linear_v_dim
+            self._lin_flop_decode = vh * 6.0 * dk * dv
+            self._lin_flop_prefill = self._lin_flop_decode + vh * 2.0 * 64 * (dk + dv)
+            self._lin_state_layer = m.linear_state_bytes_per_request(tp) / m.linear_layers
+        # DSA's lightning indexer (replicated on every rank): index_heads dot products of index_head_dim per query
+        # and prior token, in fp8 where the GPU has fp8 tensor cores
+        self._idx_flop = 2.0 * m.index_heads * m.index_head_dim if m.index_topk else 0.0
         self._ar_bytes_per_token = m.hidden * 2.0
 
         e, hw = self.eff, hw
@@ -265,6 +279,7 @@ class CostModel:
             n = m.expert_ffn / tp
             self._moe_rate *= n / (n + e.moe_n_half)
         self._attn_rate = hw.bf16_flops * e.attn_mfu  # FlashAttention kernels: attn_mfu alone (see GPUSpec.mfu_scale)
+        self._idx_rate = (hw.fp8_flops if hw.has_fp8 else hw.bf16_flops) * e.attn_mfu
         self._w_bw = hw.hbm_bw * e.mbu * hw.mbu_scale
         self._kv_bw = hw.hbm_bw * e.kv_mbu * hw.mbu_scale
         self._dense_bytes = (self._dense_params + self._lm_params) * self.wbytes
@@ -319,9 +334,17 @@ class CostModel:
         flops = (self._attn_flop_prefill * (self._n_global * prefill_attn_work + self._n_sliding * prefill_attn_work_swa)
                  + self._attn_flop_decode * decode_width * (self._n_global * decode_ctx + self._n_sliding * decode_ctx_swa))
         kv_read = (self._n_global * (decode_ctx + prefill_ctx_read)
-                   + self._n_sliding * (decode_ctx_swa + prefill_ctx_read_swa) + m.layers * tokens)  # + new KV writes
+                   + self._n_sliding * (decode_ctx_swa + prefill_ctx_read_swa) + m.attn_layers * tokens)  # + new KV writes
         attn_s = max(flops / self._attn_rate, self._kv_per_layer_token * kv_read / self._kv_bw)
         attn_s += decode_reqs * self._req_attn
+        if self._n_linear:
+            lin_flops = self._n_linear * (prefill_tokens * self._lin_flop_prefill + dec_tokens * self._lin_flop_decode)
+            lin_bytes = self._n_linear * self._lin_state_layer * 2.0 * (decode_reqs + prefill_seqs)
+            attn_s += max(lin_flops / self._attn_rate, lin_bytes / self._kv_bw)
+        if self._idx_flop:  # the indexer scores the whole context, whatever top-k the attention keeps
+            idx_flops = m.layers * self._idx_flop * (prefill_attn_work + decode_width * decode_ctx)
+            idx_bytes = m.layers * self._idx_per_layer_token * (decode_ctx + prefill_ctx_read + tokens)
+            attn_s += max(idx_flops / self._idx_rate, idx_bytes / self._kv_bw)
         comm_s = 0.0
         if self.tp > 1:
             per_ar = (self.hw.link_latency_s
@@ -380,6 +403,22 @@ def default_mem_fraction_static(hw: GPUSpec, *, chunked_prefill_size: int, tp: i
     return round((total_mb - reserved) / total_mb, 3)
 
 
+# SGLang's --mamba-full-memory-ratio (0.9): a hybrid linear-attention model's cache memory splits into recurrent
+# states and full-attention KV in this ratio (ServerArgs; model_runner sizes max_mamba_cache_size from it), and a
+# request runs only while it holds a state slot. vLLM pages states and KV from one pool; the same split stands in.
+MAMBA_FULL_MEMORY_RATIO = 0.9
+
+
+def linear_state_slots(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_static: float,
+                       fp8_weights: bool) -> int | None:
+    """Requests whose recurrent states fit in a hybrid model's state pool (None: the model has no linear layers)."""
+    if not model.linear_layers:
+        return None
+    pool = hw.memory_gib * GiB * mem_fraction_static - model.weights_bytes(fp8_weights) / tp
+    share = pool * MAMBA_FULL_MEMORY_RATIO / (1.0 + MAMBA_FULL_MEMORY_RATIO)
+    return max(1, int(share // model.linear_state_bytes_per_request(tp)))
+
+
 def kv_capacity_tokens(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_static: float,
                        fp8_weights: bool, kv_bytes: float, page_size: int, draft: bool = False) -> int:
     """Tokens the KV pool holds on one replica: (memory x fraction - weights) / KV bytes per token."""
@@ -389,6 +428,8 @@ def kv_capacity_tokens(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_s
         weights += (model.attn_params_per_layer + 3 * model.hidden * max(model.ffn, 4 * model.hidden)
                     + model.vocab * model.hidden) * wbytes / tp
     pool = hw.memory_gib * GiB * mem_fraction_static - weights
+    if model.linear_layers:  # the recurrent-state pool takes its share first (SGLang's mamba_full_memory_ratio)
+        pool /= 1.0 + MAMBA_FULL_MEMORY_RATIO
     per_token = model.kv_bytes_per_token(kv_bytes, tp)
     tokens = int(pool // per_token) if pool > 0 else 0
     tokens -= tokens % max(1, page_size)

@@ -26,12 +26,20 @@ ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3",
     "Gemma4ForCausalLM": "gemma4_text", "Gemma4ForConditionalGeneration": "gemma4", "GptOssForCausalLM": "gpt_oss",
     "DeepseekV3ForCausalLM": "deepseek_v3", "Glm4MoeForCausalLM": "glm4_moe",
+    "DeepseekV32ForCausalLM": "deepseek_v32", "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5", "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Qwen3_5ForCausalLM": "qwen3_5_text", "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
 }
 _ARCH_OF = {mt: a for a, mt in ARCHITECTURES.items()}
 # composite model_type -> its text config's model_type
-COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
-SUPPORTED = ("deepseek_v3", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe", "gpt_oss",
-             "llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen3_5": "qwen3_5_text",
+             "qwen3_5_moe": "qwen3_5_moe_text"}
+SUPPORTED = ("deepseek_v3", "deepseek_v32", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
+             "gpt_oss", "llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text",
+             "qwen3_5_text", "qwen3_moe", "qwen3_next")
+# Hybrid families: Gated DeltaNet linear-attention layers between gated full-attention layers
+HYBRID_LINEAR = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+MLA = ("deepseek_v3", "deepseek_v32")
 # transformers' defaults of the fields read here, where a family's default is not hidden_size // heads
 # (head_dim) or False (tie_word_embeddings); the Gemma text configs' full defaults serve composite files.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -47,6 +55,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                     "enable_moe_block": False, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0},
     "gpt_oss": {"head_dim": 64, "sliding_window": 128},
     "glm4_moe": {"head_dim": 128},
+    # transformers' Qwen3NextConfig: every full_attention_interval-th layer is full attention, the rest Gated DeltaNet
+    "qwen3_next": {"head_dim": 256, "full_attention_interval": 4, "attn_output_gate": True},
+    "qwen3_5_text": {"full_attention_interval": 4, "attn_output_gate": True},
+    "qwen3_5_moe_text": {"full_attention_interval": 4, "attn_output_gate": True},
 }
 REQUIRED = object()
 
@@ -131,16 +143,42 @@ def _model_type(cfg: dict[str, Any], where: str) -> tuple[str, str]:
     return mt, arch
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+
+
+def _layer_types(f: _Fields, layers: int) -> list[str] | None:
+    types = f.data.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != layers:
+        raise SpecError(f"{f.where}: layer_types must list {layers} layer types (num_hidden_layers)")
+    unknown = sorted({str(t) for t in types if t not in LAYER_TYPES})
+    if unknown:
+        raise SpecError(f"{f.where}: layer type {unknown[0]!r} is not supported ({', '.join(LAYER_TYPES)})")
+    return types
+
+
+def _linear_layers(f: _Fields, family: str, layers: int) -> list[bool]:
+    """Which layers are linear attention (Gated DeltaNet): ``layer_types`` when given, else transformers' rule
+    (every ``full_attention_interval``-th layer is full attention)."""
+    if family not in HYBRID_LINEAR:
+        return [False] * layers
+    types = _layer_types(f, layers)
+    if types is not None:
+        return [t == "linear_attention" for t in types]
+    interval = f.int("full_attention_interval")
+    return [(i + 1) % interval != 0 for i in range(layers)]
+
+
 def _sliding_layers(f: _Fields, family: str, layers: int) -> list[bool]:
     """Which layers attend within the sliding window: ``layer_types`` when given, else transformers'
     rule for the family."""
-    types = f.data.get("layer_types")
+    if family in HYBRID_LINEAR:
+        return [False] * layers
+    types = _layer_types(f, layers)
     if types is not None:
-        if not isinstance(types, list) or len(types) != layers:
-            raise SpecError(f"{f.where}: layer_types must list {layers} layer types (num_hidden_layers)")
-        unknown = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
-        if unknown:
-            raise SpecError(f"{f.where}: layer type {unknown[0]!r} is not supported (full_attention, sliding_attention)")
+        if "linear_attention" in types:
+            raise SpecError(f"{f.where}: linear_attention layers are modelled for Qwen3-Next / Qwen3.5 only")
         return [t == "sliding_attention" for t in types]
     if family in ("gemma2", "gpt_oss"):  # alternating, starting with a sliding layer
         return [(i + 1) % 2 != 0 for i in range(layers)]
@@ -169,14 +207,14 @@ def _moe(f: _Fields, family: str, layers: int) -> dict[str, Any]:
     if family == "gpt_oss":
         return dict(ffn=0, experts=f.int("num_local_experts"), active_experts=f.int("num_experts_per_tok"),
                     expert_ffn=f.int("intermediate_size"))
-    if family in ("qwen2_moe", "qwen3_moe"):
+    if family in ("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
         step, dense_only = f.int("decoder_sparse_step", 1), set(f.int_list("mlp_only_layers"))
         moe_layers = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-        shared = f.int("shared_expert_intermediate_size", minimum=0) if family == "qwen2_moe" else 0
+        shared = f.int("shared_expert_intermediate_size", minimum=0) if family != "qwen3_moe" else 0
         return dict(ffn=f.int("intermediate_size") if moe_layers < layers else 0, experts=f.int("num_experts"),
                     active_experts=f.int("num_experts_per_tok"), expert_ffn=f.int("moe_intermediate_size"),
                     shared_ffn=shared, moe_layers=moe_layers)
-    if family in ("deepseek_v3", "glm4_moe"):  # first_k_dense_replace dense layers, then MoE every
+    if family in ("deepseek_v3", "deepseek_v32", "glm4_moe"):  # first_k_dense_replace dense layers, then MoE every
         # moe_layer_freq-th layer (GLM-4.5/4.6: the DeepSeek-V3 MoE layout, no moe_layer_freq field)
         first, freq = f.int("first_k_dense_replace", minimum=0), f.int("moe_layer_freq", 1)
         moe_layers = sum(1 for i in range(layers) if i >= first and i % freq == 0)
@@ -197,6 +235,18 @@ def _mla(f: _Fields) -> dict[str, Any]:
         raise SpecError(f"{f.where}: q_lora_rank must be an integer >= 1 or null, got {q_lora!r}")
     return dict(kv_lora_rank=f.int("kv_lora_rank"), q_lora_rank=q_lora or 0, qk_rope_head_dim=rope,
                 v_head_dim=f.int("v_head_dim"), head_dim=nope + rope)
+
+
+def _dsa(f: _Fields) -> dict[str, Any]:
+    """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2): top-k tokens, index heads and head dim."""
+    return dict(index_topk=f.int("index_topk"), index_heads=f.int("index_n_heads"), index_head_dim=f.int("index_head_dim"))
+
+
+def _linear(f: _Fields) -> dict[str, Any]:
+    """Gated DeltaNet geometry (transformers' Qwen3NextConfig / Qwen3.5 text config field names)."""
+    return dict(linear_k_heads=f.int("linear_num_key_heads"), linear_v_heads=f.int("linear_num_value_heads"),
+                linear_k_dim=f.int("linear_key_head_dim"), linear_v_dim=f.int("linear_value_head_dim"),
+                linear_conv_kernel=f.int("linear_conv_kernel_dim"))
 
 
 def _weights(cfg: dict[str, Any], where: str, is_moe: bool) -> dict[str, Any]:
@@ -226,7 +276,12 @@ def card_from_config(cfg: dict[str, Any], *, name: str, where: str = "model conf
                                     or f.int("num_kv_shared_layers", 0, minimum=0)):
         raise SpecError(f"{where}: per-layer input embeddings and shared-KV layers (Gemma 4 E-series) are not modelled")
     layers, hidden, heads = f.int("num_hidden_layers"), f.int("hidden_size"), f.int("num_attention_heads")
-    attn = _mla(f) if family == "deepseek_v3" else dict(head_dim=f.int("head_dim", hidden // heads))
+    attn = _mla(f) if family in MLA else dict(head_dim=f.int("head_dim", hidden // heads))
+    if family == "deepseek_v32":
+        attn.update(_dsa(f))
+    linear = _linear_layers(f, family, layers)
+    if any(linear):
+        attn.update(_linear(f), linear_layers=linear.count(True), attn_output_gate=f.flag("attn_output_gate", False))
     # Gemma 4 keeps its sliding layers' geometry for every layer: its global layers (global_head_dim,
     # num_global_key_value_heads) are not modelled separately.
     sliding = _sliding_layers(f, family, layers)

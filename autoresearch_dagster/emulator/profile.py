@@ -80,7 +80,7 @@ def step_kernels(step: "Step", core: "EngineCore") -> list[tuple[str, str, float
     t += 4e-6 + GRAPH_GAP_S
     launch_gap = (c.launch_s * scale / (L * 8)) if c.launch_s else 0.0
     gap = GRAPH_GAP_S + launch_gap
-    lm_frac = m.vocab * m.hidden / max(1, m.layers * m.attn_params_per_layer + m.dense_mlp_params + m.vocab * m.hidden)
+    lm_frac = m.vocab * m.hidden / max(1, m.attn_params + m.dense_mlp_params + m.vocab * m.hidden)
     gemm_layer = c.gemm_s * scale * (1 - lm_frac) / L
     attn_share = m.attn_params_per_layer / max(1, m.attn_params_per_layer + m.dense_mlp_params / L)
     attn = c.attn_s * scale / L

@@ -17,6 +17,7 @@ from autoresearch_dagster.emulator.cost import (
     default_cuda_graph_max_bs,
     default_mem_fraction_static,
     kv_capacity_tokens,
+    linear_state_slots,
     weight_gib,
 )
 from autoresearch_dagster.spec import KNOBS, SpecError, server_overrides, validate_server_config
@@ -91,6 +92,9 @@ def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, A
         k["max_running_requests"] = int(min(max(cap / model.context_len * 512, 2048), 4096, cap // 2))
     else:
         k["max_running_requests"] = int(min(k["max_running_requests"], cap // 2))
+    slots = linear_state_slots(model, hw, tp=tp, mem_fraction_static=k["mem_fraction_static"], fp8_weights=fp8w)
+    if slots is not None:  # a hybrid model runs at most as many requests as its state pool holds
+        k["max_running_requests"] = int(min(k["max_running_requests"], slots))
     alpha = ACCEPT_PROB.get(k["speculative_algorithm"] or "", 0.0)
     return Resolved(knobs=k, max_total_num_tokens=cap, kv_bytes=kv_bytes, fp8_weights=fp8w,
                     weight_gib=weight_gib(model, tp=tp, fp8_weights=fp8w), spec_alpha=alpha)

@@ -4,13 +4,16 @@ parameters, KV bytes per token and active parameters against numbers worked out 
 setting weight bytes, the bundled catalog keeping its numbers, and one-line errors for bad files."""
 import json
 
+import numpy as np
 import pytest
 
 from autoresearch_dagster.emulator.catalog import GiB, MODELS, gpu, model_card
-from autoresearch_dagster.emulator.core import EngineCore
+from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
 from autoresearch_dagster.emulator.cost import CostModel, Efficiency
 from autoresearch_dagster.emulator.hf_config import load_card
+from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.resolve import resolve_config
+from autoresearch_dagster.emulator.sim import simulate
 from autoresearch_dagster.spec import SpecError, load_endpoint
 
 # --------------------------------------------------------------------------------- the configs
@@ -68,6 +71,17 @@ GLM45_AIR = {  # zai-org/GLM-4.5-Air: DeepSeek-V3's MoE layout (1 dense layer, 1
     "head_dim": 128, "n_shared_experts": 1, "n_routed_experts": 128, "num_experts_per_tok": 8,
     "first_k_dense_replace": 1, "partial_rotary_factor": 0.5, "attention_bias": True, "vocab_size": 151552,
     "max_position_embeddings": 131072, "tie_word_embeddings": False, "num_nextn_predict_layers": 1}
+
+QWEN3_NEXT = {  # Qwen/Qwen3-Next-80B-A3B-Instruct's shape: 3 Gated DeltaNet layers per gated full-attention layer
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 2048,
+    "intermediate_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "vocab_size": 151936,
+    "max_position_embeddings": 262144, "tie_word_embeddings": False}
+DEEPSEEK_V32 = {**DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+                "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}  # DeepSeek-V3.2's indexer
 
 
 def write(tmp_path, name, cfg) -> str:
@@ -213,6 +227,66 @@ def test_glm4_moe_dense_first_layer_shared_expert_and_wide_gqa_heads(tmp_path):
     assert big.n_moe_layers == 89
 
 
+def test_qwen3_next_linear_layers_hold_a_fixed_state_instead_of_kv(tmp_path):
+    c = load_card(write(tmp_path, "next", QWEN3_NEXT))
+    h = 2048
+    full = h * 16 * 256 * 2 + 2 * h * 2 * 256 + 16 * 256 * h  # q_proj doubled by the output gate
+    kd, vd = 16 * 128, 32 * 128
+    linear = h * (2 * kd + 2 * vd + 2 * 32) + vd * h  # q, k, v, z; beta and a per value head; out_proj
+    experts = mlp(h, 512)
+    total = 12 * full + 36 * linear + 48 * (experts + 512 * experts) + 2 * 151936 * h
+    active = 12 * full + 36 * linear + 48 * (experts + 10 * experts) + 151936 * h
+    assert (c.linear_layers, c.attn_layers, c.n_global_layers) == (36, 12, 12)
+    assert c.total_params == total and abs(total / 80e9 - 1) < 0.01  # Qwen3-Next-80B-A3B: 80B total
+    assert c.active_params == active and active < 4e9  # "A3B"
+    assert c.kv_bytes_per_token(2.0) == 2 * 12 * 2 * 256 * 2  # only the 12 full-attention layers keep KV
+    state = 36 * (32 * 128 * 128 * 4 + (2 * kd + vd) * 3 * 2)  # fp32 recurrent state + bf16 conv state (kernel 4)
+    assert c.linear_state_bytes_per_request() == state and c.linear_state_bytes_per_request(tp=4) == state / 4
+    explicit = {**QWEN3_NEXT, "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 12}
+    del explicit["full_attention_interval"]
+    assert load_card(write(tmp_path, "next2", explicit), name=c.name) == c  # layer_types and the interval agree
+    # the state pool takes 0.9 / 1.9 of the cache memory and bounds the running requests
+    hw = gpu("H100")
+    r = EngineCore(c, hw, 4, {"tp_size": 4}, seed=0).resolved
+    pool = hw.memory_gib * GiB * r.knobs["mem_fraction_static"] - c.weights_bytes(False) / 4
+    assert r.max_total_num_tokens == pytest.approx(pool / 1.9 / c.kv_bytes_per_token(2.0, 4), rel=1e-3)
+    assert r.knobs["max_running_requests"] == int(pool * 0.9 / 1.9 // (state / 4))
+    # each decode step reads and writes every request's state once per linear layer
+    eff = Efficiency()
+    cm = CostModel(c, hw, tp=4, fp8_weights=False, kv_bytes=2.0, eff=eff)
+    kv_bw = hw.hbm_bw * eff.kv_mbu * hw.mbu_scale
+    small, big = (cm.step(decode_reqs=n, decode_ctx=n * 1000, decode_ctx_swa=n * 1000, n_running=n) for n in (8, 64))
+    kv_only = (c.kv_bytes_per_token(2.0, 4) * 56 * 1001 + 56 * c.layers * eff.decode_req_layer_s * kv_bw) / kv_bw
+    assert big.attn_s - small.attn_s == pytest.approx(kv_only + 2 * 56 * state / 4 / kv_bw, rel=0.02)
+
+
+def test_deepseek_v32_attention_reads_its_top_k_and_the_indexer_reads_everything(tmp_path):
+    c, v3 = load_card(write(tmp_path, "v32", DEEPSEEK_V32)), load_card(write(tmp_path, "v3", DEEPSEEK_V3))
+    assert (c.index_topk, c.index_heads, c.index_head_dim, c.attn_window, c.n_global_layers) == (2048, 64, 128, 2048, 0)
+    assert c.total_params == v3.total_params and c.is_mla  # the indexer's projections (~1%) are left out
+    assert c.kv_bytes_per_token(2.0) == 61 * (576 * 2 + 128 + 4)  # latent + fp8 index key and its scale
+    hw, eff = gpu("H200"), Efficiency()
+    cm = CostModel(c, hw, tp=8, fp8_weights=True, kv_bytes=2.0, eff=eff)
+    cm3 = CostModel(v3, hw, tp=8, fp8_weights=True, kv_bytes=2.0, eff=eff)
+    ctx = 16 * 65536  # 16 requests at 64k tokens
+    top = 16 * 2048
+    s32 = cm.step(decode_reqs=16, decode_ctx=ctx, decode_ctx_swa=top, n_running=16)
+    s3 = cm3.step(decode_reqs=16, decode_ctx=ctx, decode_ctx_swa=ctx, n_running=16)
+    kv_bw = hw.hbm_bw * eff.kv_mbu * hw.mbu_scale
+    latent = 61 * 576 * 2 * (top + 16) / kv_bw + 16 * 61 * eff.decode_req_layer_s
+    index = max(61 * 2 * 64 * 128 * ctx / (hw.fp8_flops * eff.attn_mfu), 61 * 132 * (ctx + 16) / kv_bw)
+    assert s32.attn_s == pytest.approx(latent + index, rel=0.01)
+    assert s32.attn_s < s3.attn_s / 3  # at 64k tokens the sparse attention reads a fraction of the latent cache
+    # through the engine: long-context decode on V3.2 beats V3 on the same GPUs
+    reqs = lambda: [EmuRequest(f"r{i}", 30000, 200, [], 64, 0.0) for i in range(8)]  # noqa: E731
+    tpot = {}
+    for name, card in (("v32", c), ("v3", v3)):
+        res = simulate(EngineCore(card, hw, 8, {"tp_size": 8}, seed=0, noise=NoiseSettings.off()), reqs(),
+                       sample_interval_s=3600.0, start_s=0.0)
+        tpot[name] = np.median([(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in res.requests])
+    assert tpot["v32"] < 0.9 * tpot["v3"]
+
+
 def test_mla_kv_size_reaches_kv_capacity_and_read_cost(tmp_path):
     c = load_card(write(tmp_path, "ds", DEEPSEEK_V3))
     hw = gpu("H200")
@@ -286,7 +360,7 @@ def test_endpoint_spec_points_at_a_config_relative_to_its_file(tmp_path):
     ("{not json", "is not valid JSON: Expecting property name enclosed in double quotes at line 1, column 2"),
     ("[1, 2]", "must be a JSON object"),
     ({**LLAMA_FT, "model_type": "mamba", "architectures": ["MambaForCausalLM"]},
-     "model_type 'mamba' (MambaForCausalLM) is not supported; supported model types: deepseek_v3, gemma2"),
+     "model_type 'mamba' (MambaForCausalLM) is not supported; supported model types: deepseek_v3, deepseek_v32, gemma2"),
     ({k: v for k, v in LLAMA_FT.items() if k != "hidden_size"}, "missing field 'hidden_size' (model_type llama)"),
     ({**LLAMA_FT, "num_hidden_layers": "16"}, "num_hidden_layers must be an integer >= 1, got '16'"),
     ({k: v for k, v in DEEPSEEK_V3.items() if k != "kv_lora_rank"}, "missing field 'kv_lora_rank' (model_type deepseek_v3)"),
