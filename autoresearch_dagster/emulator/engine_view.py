@@ -97,16 +97,35 @@ def emulator_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorVie
     return _vllm_view(endpoint, validate_server_config(config, "vllm"))
 
 
+# vLLM turned async scheduling on by default (vllm-project/vllm#27614, the last item of the async-scheduling plan
+# #27679, finished around the turn of 2025; GPUStack's Qwen3.5 page drops --async-scheduling from its vLLM 0.17.1
+# commands as on by default). Versions from this one schedule asynchronously unless told otherwise. 0.14.0 is the
+# release we remember announcing it; not verified against release notes here (none are reachable), so the
+# validation table's one vLLM 0.13.0 page runs synchronously on that memory alone.
+VLLM_ASYNC_DEFAULT_FROM = (0, 14)
+
+
+def vllm_async_by_default(version: str) -> bool:
+    """Whether a vLLM release schedules asynchronously by default (``VLLM_ASYNC_DEFAULT_FROM``)."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts) >= VLLM_ASYNC_DEFAULT_FROM
+
+
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default through 0.11 (CacheConfig.gpu_memory_utilization; 0.92 in 0.32)
 VLLM_NON_TORCH_GIB = 0.5  # CUDA context and NCCL buffers, outside the profiled torch peak
 
 
 def vllm_gpu_defaults(card: ModelCard, dev: GPUSpec, *, tp: int = 1, max_num_seqs: int | None = None,
                       max_num_batched_tokens: int | None = None, gpu_memory_utilization: float | None = None,
-                      fp8_weights: bool = False) -> dict[str, Any]:
+                      fp8_weights: bool = False, async_scheduling: bool = False) -> dict[str, Any]:
     """SGLang knobs for a vLLM server on a GPU with these (else vLLM's default) settings: the per-device
     max_num_seqs / max_num_batched_tokens defaults of vLLM's API server, one token-budgeted step for prefill
-    chunks and decodes (mixed chunk), synchronous scheduling (async scheduling is opt-in), and the KV pool vLLM's
+    chunks and decodes (mixed chunk), synchronous scheduling unless ``async_scheduling`` (opt-in through 0.11, the
+    default later: ``vllm_async_by_default``; it overlaps scheduling with the forward pass as SGLang's overlap
+    scheduler does), and the KV pool vLLM's
     memory profiling leaves: utilization x device memory - weights - the activation peak of a
     max_num_batched_tokens forward pass (hidden states, QKV, gate/up and activation outputs in bf16) - non-torch
     memory, expressed as SGLang's mem_fraction_static ((KV + weights) / device memory)."""
@@ -127,7 +146,7 @@ def vllm_gpu_defaults(card: ModelCard, dev: GPUSpec, *, tp: int = 1, max_num_seq
     weights = card.weights_bytes(fp8_weights) / tp
     kv = util * mem - weights - activation - VLLM_NON_TORCH_GIB * GiB
     frac = (kv + weights) / mem
-    return {"enable_mixed_chunk": True, "disable_overlap_schedule": True, "max_running_requests": seqs,
+    return {"enable_mixed_chunk": True, "disable_overlap_schedule": not async_scheduling, "max_running_requests": seqs,
             "chunked_prefill_size": budget, "mem_fraction_static": round(min(0.99, max(0.05, frac)), 6)}
 
 

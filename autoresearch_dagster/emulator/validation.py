@@ -38,7 +38,7 @@ from scipy.optimize import least_squares
 from autoresearch_dagster.emulator.catalog import SAME_DIE, GPUSpec, gpu, model_card
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
 from autoresearch_dagster.emulator.cost import Efficiency
-from autoresearch_dagster.emulator.engine_view import vllm_gpu_defaults
+from autoresearch_dagster.emulator.engine_view import vllm_async_by_default, vllm_gpu_defaults
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.sim import SimResult, simulate, simulate_closed_loop
 from autoresearch_dagster.spec import SpecError
@@ -172,7 +172,8 @@ def point_requests(w: Workload, seed: int = 0) -> list[EmuRequest]:
 
 def server_config(p: Point, hw: GPUSpec) -> dict[str, Any]:
     """The SGLang config the emulator runs a point with: the point's own, over vLLM's GPU defaults for a vLLM run
-    (``engine_view.vllm_gpu_defaults``: its per-device batch and token budget, synchronous mixed steps, its KV
+    (``engine_view.vllm_gpu_defaults``: its per-device batch and token budget, mixed steps, synchronous up to the
+    release that made async scheduling the default, its KV
     sizing), SGLang's defaults otherwise."""
     if p.engine != "vllm":
         return dict(p.config)
@@ -180,7 +181,8 @@ def server_config(p: Point, hw: GPUSpec) -> dict[str, Any]:
     fp8 = p.weights == "fp8"
     base = vllm_gpu_defaults(card, hw, tp=p.tp, max_num_seqs=p.config.get("max_running_requests"),
                              max_num_batched_tokens=p.config.get("chunked_prefill_size"),
-                             gpu_memory_utilization=p.config.get("mem_fraction_static"), fp8_weights=fp8)
+                             gpu_memory_utilization=p.config.get("mem_fraction_static"), fp8_weights=fp8,
+                             async_scheduling=vllm_async_by_default(p.engine_version))
     return {**base, **{k: v for k, v in p.config.items() if k != "mem_fraction_static"}}
 
 

@@ -12,7 +12,7 @@ from autoresearch_dagster.emulator.catalog import gpu, model_card
 from autoresearch_dagster.emulator.cost import CostModel, Efficiency, StepCost, cuda_graph_batch_sizes
 from autoresearch_dagster.emulator.sim import simulate, simulate_closed_loop
 from autoresearch_dagster.emulator.validation import (
-    Point, Workload, fit, load_table, metrics_of, point_requests, sharegpt_lengths, split_of)
+    Point, Workload, fit, load_table, metrics_of, point_requests, run_point, sharegpt_lengths, split_of)
 from autoresearch_dagster.spec import SpecError
 from autoresearch_dagster.emulator.core import EngineCore
 from .helpers import QUIET, core, reqs
@@ -286,3 +286,20 @@ def test_vllm_runs_on_gpus_take_vllms_per_device_defaults():
     assert h100["mem_fraction_static"] < a100["mem_fraction_static"] < 0.9
     assert vllm_gpu_defaults(card, gpu("H100"), gpu_memory_utilization=0.95)["mem_fraction_static"] == pytest.approx(
         h100["mem_fraction_static"] + 0.05, abs=1e-6)
+
+
+def test_vllm_releases_after_the_async_default_overlap_scheduling_with_the_forward_pass():
+    from autoresearch_dagster.emulator.engine_view import vllm_async_by_default, vllm_gpu_defaults
+    assert not vllm_async_by_default("0.11.0") and not vllm_async_by_default("0.9.2")
+    assert not vllm_async_by_default("0.13.0") and vllm_async_by_default("0.14.0")
+    assert vllm_async_by_default("0.17.1") and vllm_async_by_default("0.24.0") and vllm_async_by_default("1.0.0rc1")
+    card = model_card("qwen3-8b")
+    assert not vllm_gpu_defaults(card, gpu("H100"), async_scheduling=True)["disable_overlap_schedule"]
+    # the same closed-loop point replayed as vLLM 0.11 and as 0.17: the async release hides its CPU work
+    base = dict(id="q8-async", source="test", url="https://example.invalid/x", source_quote=("x",), engine="vllm",
+                model="qwen3-8b", gpu="H100", tp=1, weights="bf16", kv_dtype="bf16",
+                workload=Workload(kind="concurrency", dataset="sharegpt", num_prompts=64, concurrency=32,
+                                  total_input_tokens=64 * 200, total_output_tokens=64 * 200),
+                metric="median_tpot_ms", value=1.0, unit="ms", split="fit", config={"enable_mixed_chunk": True})
+    sync, asyn = (run_point(Point(**base, engine_version=v))["median_tpot_ms"] for v in ("0.11.0", "0.17.1"))
+    assert asyn < sync
