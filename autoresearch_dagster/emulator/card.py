@@ -57,6 +57,7 @@ class ModelCard:
     index_topk: int = 0
     index_heads: int = 0
     index_head_dim: int = 0
+    index_layers: int | None = None  # layers that run their own indexer (GLM-5.2 shares one's top-k; None = all)
 
     @property
     def is_moe(self) -> bool:
@@ -71,6 +72,12 @@ class ModelCard:
         if not self.is_moe:
             return 0
         return self.layers if self.moe_layers is None else self.moe_layers
+
+    @property
+    def n_index_layers(self) -> int:
+        if not self.index_topk:
+            return 0
+        return self.layers if self.index_layers is None else self.index_layers
 
     @property
     def attn_layers(self) -> int:
@@ -178,7 +185,7 @@ class ModelCard:
         ``MLATokenToKVPool``; model_runner's cell size has no TP division on that branch)."""
         if self.is_mla:
             # DSA adds the indexer's key per token and layer: fp8, one fp32 scale (SGLang's NSATokenToKVPool)
-            index = (self.index_head_dim + 4) if self.index_topk else 0
-            return self.layers * ((self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes + index)
+            index = self.n_index_layers * (self.index_head_dim + 4)
+            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes + index
         kv_heads_per_gpu = max(1.0, self.kv_heads / tp)
         return 2 * self.attn_layers * kv_heads_per_gpu * self.head_dim * kv_bytes

@@ -248,7 +248,8 @@ class CostModel:
         self._expert_params = m.expert_params / tp
         # KV bytes per token and softmax-attention layer the attention kernels read (DSA's index keys apart)
         self._idx_per_layer_token = (m.index_head_dim + 4.0) if m.index_topk else 0.0
-        self._kv_per_layer_token = m.kv_bytes_per_token(kv_bytes, tp) / m.attn_layers - self._idx_per_layer_token
+        self._kv_per_layer_token = (m.kv_bytes_per_token(kv_bytes, tp)
+                                    - m.n_index_layers * self._idx_per_layer_token) / m.attn_layers
         heads = m.heads / tp  # query heads are split over TP ranks (MLA too; its latent KV is not)
         if m.is_mla:  # absorbed decode over the latent; prefill as MHA over decompressed heads
             self._attn_flop_decode = heads * (4.0 * m.kv_lora_rank + 2.0 * m.qk_rope_head_dim)
@@ -342,8 +343,8 @@ class CostModel:
             lin_bytes = self._n_linear * self._lin_state_layer * 2.0 * (decode_reqs + prefill_seqs)
             attn_s += max(lin_flops / self._attn_rate, lin_bytes / self._kv_bw)
         if self._idx_flop:  # the indexer scores the whole context, whatever top-k the attention keeps
-            idx_flops = m.layers * self._idx_flop * (prefill_attn_work + decode_width * decode_ctx)
-            idx_bytes = m.layers * self._idx_per_layer_token * (decode_ctx + prefill_ctx_read + tokens)
+            idx_flops = m.n_index_layers * self._idx_flop * (prefill_attn_work + decode_width * decode_ctx)
+            idx_bytes = m.n_index_layers * self._idx_per_layer_token * (decode_ctx + prefill_ctx_read + tokens)
             attn_s += max(idx_flops / self._idx_rate, idx_bytes / self._kv_bw)
         comm_s = 0.0
         if self.tp > 1:

@@ -29,17 +29,21 @@ ARCHITECTURES = {
     "DeepseekV32ForCausalLM": "deepseek_v32", "Qwen3NextForCausalLM": "qwen3_next",
     "Qwen3_5ForConditionalGeneration": "qwen3_5", "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Qwen3_5ForCausalLM": "qwen3_5_text", "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
+    "GlmMoeDsaForCausalLM": "glm_moe_dsa",
 }
 _ARCH_OF = {mt: a for a, mt in ARCHITECTURES.items()}
 # composite model_type -> its text config's model_type
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen3_5": "qwen3_5_text",
              "qwen3_5_moe": "qwen3_5_moe_text"}
 SUPPORTED = ("deepseek_v3", "deepseek_v32", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
+             "glm_moe_dsa",
              "gpt_oss", "llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text",
              "qwen3_5_text", "qwen3_moe", "qwen3_next")
 # Hybrid families: Gated DeltaNet linear-attention layers between gated full-attention layers
 HYBRID_LINEAR = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-MLA = ("deepseek_v3", "deepseek_v32")
+MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+DSA = ("deepseek_v32", "glm_moe_dsa")
+SSM_DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 # transformers' defaults of the fields read here, where a family's default is not hidden_size // heads
 # (head_dim) or False (tie_word_embeddings); the Gemma text configs' full defaults serve composite files.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -214,7 +218,7 @@ def _moe(f: _Fields, family: str, layers: int) -> dict[str, Any]:
         return dict(ffn=f.int("intermediate_size") if moe_layers < layers else 0, experts=f.int("num_experts"),
                     active_experts=f.int("num_experts_per_tok"), expert_ffn=f.int("moe_intermediate_size"),
                     shared_ffn=shared, moe_layers=moe_layers)
-    if family in ("deepseek_v3", "deepseek_v32", "glm4_moe"):  # first_k_dense_replace dense layers, then MoE every
+    if family in ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm_moe_dsa"):  # first_k_dense_replace dense layers, then MoE every
         # moe_layer_freq-th layer (GLM-4.5/4.6: the DeepSeek-V3 MoE layout, no moe_layer_freq field)
         first, freq = f.int("first_k_dense_replace", minimum=0), f.int("moe_layer_freq", 1)
         moe_layers = sum(1 for i in range(layers) if i >= first and i % freq == 0)
@@ -237,16 +241,25 @@ def _mla(f: _Fields) -> dict[str, Any]:
                 v_head_dim=f.int("v_head_dim"), head_dim=nope + rope)
 
 
-def _dsa(f: _Fields) -> dict[str, Any]:
-    """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2): top-k tokens, index heads and head dim."""
-    return dict(index_topk=f.int("index_topk"), index_heads=f.int("index_n_heads"), index_head_dim=f.int("index_head_dim"))
+def _dsa(f: _Fields, layers: int) -> dict[str, Any]:
+    """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5.x): top-k tokens, index heads and head dim, and
+    how many layers run their own indexer (GLM-5.2's ``indexer_types``: "shared" layers reuse an earlier top-k)."""
+    types = f.data.get("indexer_types")
+    if types is not None and (not isinstance(types, list) or len(types) != layers
+                              or any(t not in ("full", "shared") for t in types)):
+        raise SpecError(f"{f.where}: indexer_types must list {layers} entries of 'full' or 'shared'")
+    return dict(index_topk=f.int("index_topk"), index_heads=f.int("index_n_heads"), index_head_dim=f.int("index_head_dim"),
+                index_layers=None if types is None else types.count("full"))
 
 
 def _linear(f: _Fields) -> dict[str, Any]:
     """Gated DeltaNet geometry (transformers' Qwen3NextConfig / Qwen3.5 text config field names)."""
+    ssm = f.get("mamba_ssm_dtype", "float32")  # the recurrent state's dtype (SGLang's --mamba-ssm-dtype default)
+    if ssm not in SSM_DTYPE_BYTES:
+        raise SpecError(f"{f.where}: mamba_ssm_dtype must be one of {', '.join(SSM_DTYPE_BYTES)}, got {ssm!r}")
     return dict(linear_k_heads=f.int("linear_num_key_heads"), linear_v_heads=f.int("linear_num_value_heads"),
                 linear_k_dim=f.int("linear_key_head_dim"), linear_v_dim=f.int("linear_value_head_dim"),
-                linear_conv_kernel=f.int("linear_conv_kernel_dim"))
+                linear_conv_kernel=f.int("linear_conv_kernel_dim"), linear_state_bytes=SSM_DTYPE_BYTES[ssm])
 
 
 def _weights(cfg: dict[str, Any], where: str, is_moe: bool) -> dict[str, Any]:
@@ -277,8 +290,8 @@ def card_from_config(cfg: dict[str, Any], *, name: str, where: str = "model conf
         raise SpecError(f"{where}: per-layer input embeddings and shared-KV layers (Gemma 4 E-series) are not modelled")
     layers, hidden, heads = f.int("num_hidden_layers"), f.int("hidden_size"), f.int("num_attention_heads")
     attn = _mla(f) if family in MLA else dict(head_dim=f.int("head_dim", hidden // heads))
-    if family == "deepseek_v32":
-        attn.update(_dsa(f))
+    if family in DSA:
+        attn.update(_dsa(f, layers))
     linear = _linear_layers(f, family, layers)
     if any(linear):
         attn.update(_linear(f), linear_layers=linear.count(True), attn_output_gate=f.flag("attn_output_gate", False))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from autoresearch_dagster.emulator.catalog import GiB, MODELS, gpu, model_card
+from autoresearch_dagster.emulator.catalog import MODELS_DIR, GiB, MODELS, gpu, model_card
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore
 from autoresearch_dagster.emulator.cost import CostModel, Efficiency
 from autoresearch_dagster.emulator.hf_config import load_card
@@ -285,6 +285,29 @@ def test_deepseek_v32_attention_reads_its_top_k_and_the_indexer_reads_everything
                        sample_interval_s=3600.0, start_s=0.0)
         tpot[name] = np.median([(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in res.requests])
     assert tpot["v32"] < 0.9 * tpot["v3"]
+    # GLM-5.2 (bundled): MLA + DSA where only the "full" indexer_types layers run an indexer (21 of 78)
+    glm = model_card("glm-5.2")
+    assert (glm.n_index_layers, glm.index_heads, glm.head_dim, glm.v_head_dim) == (21, 32, 256, 256)
+    assert abs(glm.total_params / 744e9 - 1) < 0.01 and abs(glm.active_params / 40e9 - 1) < 0.03  # 744B / 40B active
+    assert glm.kv_bytes_per_token(2.0) == 78 * 576 * 2 + 21 * 132
+    shared_all = load_card(write(tmp_path, "glm", {**json.loads(
+        (MODELS_DIR / "glm-5.2" / "config.json").read_text()), "indexer_types": ["full"] * 78}))
+    assert shared_all.n_index_layers == 78
+    with pytest.raises(SpecError, match="indexer_types must list 78"):
+        load_card(write(tmp_path, "glm2", {**json.loads((MODELS_DIR / "glm-5.2" / "config.json").read_text()),
+                                           "indexer_types": ["full"]}))
+
+
+def test_bundled_qwen35_cards_match_the_published_parameter_counts():
+    nine = model_card("qwen3.5-9b")  # text layers of Qwen3.5-9B: 24 Gated DeltaNet + 8 gated attention layers
+    assert (nine.linear_layers, nine.attn_layers, nine.ffn, nine.kv_heads) == (24, 8, 12288, 4)
+    # the checkpoint's counted tensors: 6,919,561,728 in the language layers (norms and convs included, which the card
+    # leaves out), 1,017,118,720 per embedding matrix
+    assert abs((nine.attn_params + nine.dense_mlp_params) / 6_919_561_728 - 1) < 0.001
+    assert nine.vocab * nine.hidden == 1_017_118_720
+    moe = model_card("qwen3.5-35b-a3b")  # 35B total, 3B active
+    assert abs(moe.total_params / 35e9 - 1) < 0.02 and abs(moe.active_params / 3e9 - 1) < 0.05
+    assert moe.kv_bytes_per_token(2.0) == 2 * 10 * 2 * 256 * 2  # 10 full-attention layers of 40
 
 
 def test_mla_kv_size_reaches_kv_capacity_and_read_cost(tmp_path):
