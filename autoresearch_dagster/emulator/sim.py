@@ -196,7 +196,7 @@ def simulate_closed_loop(core: EngineCore, requests: list[EmuRequest], concurren
                                          f.cached_reported, f.status, f.error, times, counts))
             done = f.finish_s if f.finish_s is not None else nf
             end_t = max(end_t, done)
-            if todo:
+            if len(todo) > len(sends):  # a request is left that no pending send will take
                 heapq.heappush(sends, (done, seq))
                 seq += 1
     return SimResult(results, [], 0.0, end_t, time.perf_counter() - wall0, core.knobs["stream_interval"], None,

@@ -133,6 +133,9 @@ def test_closed_loop_keeps_the_concurrency_and_waits_for_the_client():
     assert starts[3] == pytest.approx(ends[0])  # the next prompt goes when a client has its last token
     in_flight = max(sum(1 for r in res.requests if r.arrival_s <= t < r.end_s) for t in starts)
     assert in_flight == 3
+    # clients that finish together with fewer requests left than clients: each left request is sent once
+    same = simulate_closed_loop(_engine(Efficiency()), reqs(5, 100, 20, prefix="s"), 4)
+    assert sorted(r.rid for r in same.requests) == sorted(r.rid for r in reqs(5, 100, 20, prefix="s"))
 
 
 # ------------------------------------------------------------------ the validation table and the fit
