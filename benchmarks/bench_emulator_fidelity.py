@@ -12,6 +12,10 @@ Usage:
   python benchmarks/bench_emulator_fidelity.py            # the table, the summary, the speed
   python benchmarks/bench_emulator_fidelity.py --fit      # also fit FIT_PARAMS on the fit half and print them
                                                            # (how the defaults in emulator/cost.py were made)
+  python benchmarks/bench_emulator_fidelity.py --no-transfer  # without the calibration-transfer table
+The calibration-transfer table calibrates the factors a load curve pins on each endpoint's ShareGPT run and predicts
+that endpoint's other runs, split into the same workload under other settings (what the campaign's calibrated
+pre-screen does) and other workloads (extrapolation).
 Targets (issue 13): median |error| <= 8% and none worse than 25% on the held-out points; >= 1M tokens/CPU-s.
 """
 from __future__ import annotations
@@ -33,7 +37,7 @@ from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
 from autoresearch_dagster.emulator.noise import NoiseSettings  # noqa: E402
 from autoresearch_dagster.emulator.sim import simulate  # noqa: E402
 from autoresearch_dagster.emulator.validation import (  # noqa: E402
-    evaluate, fit, load_table, sharegpt_lengths, summary)
+    evaluate, fit, load_table, same_traffic, sharegpt_lengths, summary, transfer)
 
 TABLE = Path(__file__).resolve().parent / "data" / "emulator_validation.json"
 # The factors the fit half exercises: GEMM / MoE / fp8 / w8a16 / attention rates (the random-prompt offline runs),
@@ -64,6 +68,34 @@ def print_rows(rows) -> None:
               f"worst |error| {s['worst_abs_error']:.1%}")
 
 
+def print_transfer(points) -> None:
+    """Calibrate on each endpoint's ShareGPT run, predict its other runs (``validation.transfer``): the campaign's
+    pre-screen use (same traffic, other settings) apart from extrapolation to other workloads."""
+    cpu0 = time.process_time()
+    rows = transfer(points)
+    print(f"\ncalibration transfer: per endpoint, calibrate {{mbu, gemm_mfu | moe_mfu}} on its ShareGPT run (the anchor), "
+          f"predict its other runs ({time.process_time() - cpu0:.0f} CPU-s)")
+    print(f"{'split':6s} {'point':46s} {'anchor':40s} {'same traffic':12s} {'default':>8s} {'calibrated':>10s}")
+    for r in sorted(rows, key=lambda r: (r.point.split, r.point.round, r.point.id)):
+        p = r.point
+        label = f"hold{p.round}" if p.split == "holdout" else p.split
+        same = "yes" if same_traffic(p.workload, r.anchor.workload) else "no"
+        print(f"{label:6s} {p.id:46s} {r.anchor.id:40s} {same:12s} {r.default_error:+8.1%} {r.error:+10.1%}")
+    for split in ("holdout", "report", "fit"):
+        for same, what in ((True, "same workload, other settings"), (False, "other workloads")):
+            group = [r for r in rows if r.point.split == split and same_traffic(r.point.workload, r.anchor.workload) == same]
+            if not group:
+                continue
+            d, c = np.abs([r.default_error for r in group]), np.abs([r.error for r in group])
+            print(f"transfer {split} ({what}): {len(group)} points, default factors median {np.median(d):.1%} worst "
+                  f"{d.max():.1%} -> calibrated median {np.median(c):.1%} worst {c.max():.1%}")
+            priced = [r for r in group if same and abs(r.priced_change) > 0.02]
+            if priced:  # settings the emulator itself prices (fp8, TP, KV dtype), not no-ops to it
+                c = np.abs([r.error for r in priced])
+                print(f"  of which settings the emulator prices as a change (> 2%: fp8, TP, KV dtype): {len(priced)} "
+                      f"points, calibrated median {np.median(c):.1%} worst {c.max():.1%}")
+
+
 def speed() -> float:
     """Generated tokens per CPU-second on a saturated offline run (4000 ShareGPT-like requests at t=0)."""
     prompts, outs = sharegpt_lengths(4000, 217.0, 201.0, seed=7)
@@ -82,6 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", default=str(TABLE))
     ap.add_argument("--fit", action="store_true", help="fit FIT_PARAMS on the fit half and print the factors")
+    ap.add_argument("--no-transfer", action="store_true", help="skip the calibration-transfer table (a few minutes)")
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()}")
     points = load_table(args.table)
@@ -91,6 +124,8 @@ def main() -> None:
     rows = evaluate(points, eff)
     print_rows(rows)
     print(f"(replayed in {time.process_time() - cpu0:.1f} CPU-s)")
+    if not args.no_transfer:
+        print_transfer(points)
     if args.fit:
         res = fit([p for p in points if p.split == "fit"], FIT_PARAMS, eff)
         print(f"fit on the fit points ({res.n_evals} evaluations, {res.message}): "

@@ -343,3 +343,110 @@ def fit(points: list[Point], params: tuple[str, ...], start: Efficiency | None =
     eff, g = split_of_x(sol.x)
     fitted = {k: float(v * s) for k, v, s in zip(params, sol.x, scale)}
     return FitResult(eff, fitted, before, summary(evaluate(points, eff, g)), evals, sol.message, g)
+
+
+# ------------------------------------------------------------------------------------------ calibration transfer
+
+def endpoint_key(p: Point) -> tuple[str, ...]:
+    """What a calibration belongs to: engine and version, model and GPU type. TP, weight and KV dtypes and the
+    server flags are settings a campaign changes (``tp_size``, ``quantization``, ``kv_cache_dtype``, ...)."""
+    return (p.engine, p.engine_version, p.model, p.gpu.upper())
+
+
+def same_traffic(a: Workload, b: Workload, *, rel: float = 0.05) -> bool:
+    """Whether two runs sent the same traffic: the same kind, dataset and load (concurrency / rate) and lengths
+    (ShareGPT: printed totals within ``rel``, as re-runs of one sample differ by the requests the server truncated)."""
+    if (a.kind, a.dataset, a.num_prompts, a.concurrency, a.rate_rps) != (b.kind, b.dataset, b.num_prompts,
+                                                                         b.concurrency, b.rate_rps):
+        return False
+    if a.dataset == "random":
+        return (a.input_len, a.output_len) == (b.input_len, b.output_len)
+    return all(abs(x / y - 1.0) <= rel for x, y in ((a.total_input_tokens, b.total_input_tokens),
+                                                    (a.total_output_tokens, b.total_output_tokens)))
+
+
+def _settings(p: Point) -> tuple[Any, ...]:
+    return (p.tp, p.weights, p.kv_dtype, sorted(p.config.items()))
+
+
+def _same_run(a: Point, b: Point) -> bool:
+    return a.workload == b.workload and _settings(a) == _settings(b)
+
+
+def anchor_of(group: list[Point]) -> Point | None:
+    """The run a calibration of an endpoint measures first: its ShareGPT total-throughput run with the fewest
+    settings of its own and 16-bit weights (the baseline), ties by id; None when the endpoint has no ShareGPT run."""
+    base = [p for p in group if p.workload.dataset == "sharegpt" and p.metric == "total_token_throughput"]
+    return min(base, key=lambda p: (len(p.config) - ("tp_size" in p.config), p.weights != "bf16", p.kv_dtype != "bf16",
+                                    p.id)) if base else None
+
+
+def calibrate_on(anchor: Point, params: tuple[str, ...], *, start: Efficiency | None = None,
+                 prior_weight: float = 0.1, max_evals: int = 40) -> Efficiency:
+    """The factors ``params`` fitted to one measured run (least squares on log(predicted / measured), with
+    ``calibrate.calibrate``'s Gaussian prior on the log-factors around ``start``: one run cannot pin two factors,
+    the prior picks the smallest move that explains it)."""
+    from autoresearch_dagster.emulator.calibrate import fittable
+
+    base = start or Efficiency()
+    x0 = np.log([getattr(base, k) for k in params])
+    lo = np.log([fittable()[k][0] for k in params])
+    hi = np.log([fittable()[k][1] for k in params])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+
+    def eff_of(x: np.ndarray) -> Efficiency:
+        return base.replace(**{k: float(v) for k, v in zip(params, np.exp(x))})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        r = math.log(max(predict(anchor, eff_of(x)), 1e-9) / anchor.value)
+        return np.concatenate([[r], prior_weight * (x - x0)])
+
+    sol = least_squares(residuals, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=max_evals, method="trf")
+    return eff_of(sol.x)
+
+
+@dataclass(frozen=True)
+class TransferRow:
+    point: Point
+    anchor: Point
+    default: float  # predicted with the default factors
+    calibrated: float  # predicted after calibrating on the anchor run
+    efficiency: Efficiency
+    anchor_default: float  # the anchor run's own prediction with the default factors
+
+    @property
+    def priced_change(self) -> float:
+        """How much the default emulator says this run's settings change the anchor's figure (0: a no-op to it)."""
+        return self.default / self.anchor_default - 1.0 if self.point.metric == self.anchor.metric else math.nan
+
+    @property
+    def default_error(self) -> float:
+        return self.default / self.point.value - 1.0
+
+    @property
+    def error(self) -> float:
+        return self.calibrated / self.point.value - 1.0
+
+
+def transfer(points: Iterable[Point], *, prior_weight: float = 0.1) -> list[TransferRow]:
+    """The product's calibrate-then-predict on real endpoints: per endpoint (``endpoint_key``) with a ShareGPT run
+    and other runs, calibrate the factors a load curve pins (``calibrate.default_params``: HBM streaming and the
+    model's GEMM rate) on that one run (``calibrate_on``), then predict the endpoint's other runs (other
+    workloads, other settings: TP, weights, KV dtype, flags); the anchor run's other metrics are left out (same run).
+    ``same_traffic`` tells the campaign's case (the same traffic under other settings) from extrapolation."""
+    from autoresearch_dagster.emulator.calibrate import default_params
+
+    groups: dict[tuple[str, ...], list[Point]] = {}
+    for p in points:
+        groups.setdefault(endpoint_key(p), []).append(p)
+    rows: list[TransferRow] = []
+    for key in sorted(groups):
+        group = groups[key]
+        anchor = anchor_of(group)
+        others = [p for p in group if anchor is not None and not _same_run(p, anchor)]
+        if not others:
+            continue
+        eff = calibrate_on(anchor, default_params(anchor.model), prior_weight=prior_weight)
+        anchor_default = predict(anchor)
+        rows += [TransferRow(p, anchor, predict(p), predict(p, eff), eff, anchor_default) for p in others]
+    return rows

@@ -2,6 +2,7 @@
 fp8 KV reads, MLA attention, fixed request latency) and the validation table / fit (issue 13)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from autoresearch_dagster.emulator.catalog import gpu, model_card
 from autoresearch_dagster.emulator.cost import CostModel, Efficiency, StepCost, cuda_graph_batch_sizes
 from autoresearch_dagster.emulator.sim import simulate, simulate_closed_loop
 from autoresearch_dagster.emulator.validation import (
-    Point, Workload, fit, load_table, metrics_of, point_requests, run_point, sharegpt_lengths, split_of)
+    Point, Workload, fit, load_table, metrics_of, point_requests, predict, run_point, sharegpt_lengths, split_of)
 from autoresearch_dagster.spec import SpecError
 from autoresearch_dagster.emulator.core import EngineCore
 from .helpers import QUIET, core, reqs
@@ -306,3 +307,34 @@ def test_vllm_releases_after_the_async_default_overlap_scheduling_with_the_forwa
                 metric="median_tpot_ms", value=1.0, unit="ms", split="fit", config={"enable_mixed_chunk": True})
     sync, asyn = (run_point(Point(**base, engine_version=v))["median_tpot_ms"] for v in ("0.11.0", "0.17.1"))
     assert asyn < sync
+
+
+def test_calibration_transfer_learns_an_endpoints_speed_from_one_run_and_carries_it_to_other_settings():
+    from autoresearch_dagster.emulator.validation import anchor_of, calibrate_on, same_traffic, transfer
+    sg = Workload(kind="offline", dataset="sharegpt", num_prompts=60, total_input_tokens=60 * 300,
+                  total_output_tokens=60 * 150)
+    rnd = Workload(kind="offline", dataset="random", num_prompts=40, input_len=2000, output_len=100)
+    assert same_traffic(sg, Workload(**{**sg.__dict__, "total_input_tokens": 60 * 306}))  # a re-run's totals
+    assert not same_traffic(sg, Workload(**{**sg.__dict__, "total_input_tokens": 60 * 340}))
+    assert not same_traffic(sg, rnd) and same_traffic(rnd, rnd)
+
+    def pt(pid, workload, weights="bf16", config=None, engine="sglang", value=1.0):
+        return Point(id=pid, source="test", url="https://example.invalid/t", source_quote=("x",), engine=engine,
+                     engine_version="0.5.5", model="qwen3-8b", gpu="H100", tp=1, weights=weights, kv_dtype="bf16",
+                     workload=workload, metric="total_token_throughput", value=value, unit="tok/s", split="holdout",
+                     config=config or {}, added="2026-12-04")
+
+    # an endpoint whose GPU streams and computes slower than the defaults say: its "published" figures are the
+    # emulator's own under hidden factors, which the transfer does not see
+    truth = Efficiency().replace(mbu=Efficiency().mbu * 0.7, gemm_mfu=Efficiency().gemm_mfu * 0.75)
+    base = [pt("a-sg", sg), pt("a-sg-fp8", sg, "fp8", {"quantization": "fp8"}), pt("a-rand", rnd)]
+    points = [dataclasses.replace(p, value=predict(p, truth)) for p in base]
+    assert anchor_of(points).id == "a-sg"  # the bf16 ShareGPT baseline, not its fp8 twin
+    eff = calibrate_on(points[0], ("mbu", "gemm_mfu"))
+    assert abs(predict(points[0], eff) / points[0].value - 1) < 0.02  # the anchor is explained
+    assert eff.mbu < Efficiency().mbu or eff.gemm_mfu < Efficiency().gemm_mfu  # by a slower GPU
+    rows = {r.point.id: r for r in transfer(points)}
+    assert set(rows) == {"a-sg-fp8", "a-rand"}  # the anchor itself is not scored
+    fp8 = rows["a-sg-fp8"]
+    assert abs(fp8.error) < abs(fp8.default_error) / 2 and abs(fp8.error) < 0.05  # same traffic, fp8: carried over
+    assert fp8.priced_change > 0.02  # the emulator does price fp8 weights as a change
