@@ -150,14 +150,21 @@ class RadixCache:
 
     Blocks referenced by running requests are locked; unreferenced ones sit in an LRU list and are
     evicted oldest first (a request touches its blocks deepest-first so parents outlive children).
+
+    ``states``: the model has linear-attention layers (Qwen3-Next, Qwen3.5), whose recurrent state cannot be
+    rebuilt from cached KV: a prefix is reusable only up to a point where a state was saved. SGLang's
+    ``MambaRadixCache`` keeps a state at the end of each cached prompt, none where a later insert splits a node, so
+    a conversation's next turn reuses its previous turn, while requests that share only a system prompt branch
+    at a point without a state and reuse nothing. Here a prompt's last full block is such a checkpoint.
     """
 
-    def __init__(self):
+    def __init__(self, states: bool = False):
         self.ref: dict[int, int] = {}
         self.tokens: dict[int, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()
         self.size = 0  # tokens held (locked + evictable)
         self.evictable = 0
+        self.states: set[int] | None = set() if states else None  # blocks a saved recurrent state ends at
 
     def match(self, hashes: list[int]) -> int:
         n = 0
@@ -166,7 +173,15 @@ class RadixCache:
             if h not in ref:
                 break
             n += 1
+        if self.states is not None:  # back off to the deepest matched block with a saved state
+            while n and hashes[n - 1] not in self.states:
+                n -= 1
         return n
+
+    def save_state(self, h: int) -> None:
+        """A request's prompt ends at block ``h`` (cached): its recurrent state is kept there (hybrid models)."""
+        if self.states is not None and h in self.ref:
+            self.states.add(h)
 
     def lock(self, hashes: list[int], bt: int) -> None:
         ref, lru = self.ref, self.lru
@@ -198,6 +213,8 @@ class RadixCache:
             h, _ = lru.popitem(last=False)
             t = self.tokens.pop(h)
             del self.ref[h]
+            if self.states is not None:
+                self.states.discard(h)
             freed += t
         self.size -= freed
         self.evictable -= freed
@@ -221,7 +238,7 @@ class _Replica:
         self.interval = k["prefill_decode_interval"]
         self.interval_min_bs = k["prefill_decode_interval_min_bs"]
         self.mixed = bool(k["enable_mixed_chunk"]) and self.cps is not None
-        self.cache = None if k["disable_radix_cache"] else RadixCache()
+        self.cache = None if k["disable_radix_cache"] else RadixCache(states=core.model.linear_layers > 0)
         self.lpm = k["schedule_policy"] == "lpm" and self.cache is not None
         self.graph_bs = core.cost.graph_bs
         self.spec_steps = k["speculative_num_steps"] or 0
@@ -460,6 +477,8 @@ class _Replica:
                 self.cache.lock(new, r.bt)
                 self.private -= len(new) * r.bt  # the KV of those tokens now belongs to the cache
                 r.n_locked = full
+            if full:
+                self.cache.save_state(r.hashes[full - 1])
         held = r.total - r.n_locked * r.bt  # KV this request still owns outside the cache
         r.gen += 1
         r.total = r.prompt + r.gen

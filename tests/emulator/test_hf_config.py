@@ -404,3 +404,24 @@ def test_unknown_names_and_empty_directories_say_what_is_accepted(tmp_path):
         model_card("llama-9b")
     with pytest.raises(SpecError, match="has no config.json"):
         model_card(str(tmp_path) + "/")
+
+
+def test_a_hybrid_model_reuses_a_previous_turn_but_not_a_shared_system_prompt():
+    """SGLang's MambaRadixCache: a recurrent state is saved where a cached prompt ends, so the next turn of a
+    conversation resumes from it, while prompts that only share a system prompt branch where no state exists."""
+    system = list(range(1, 17))  # 16 blocks of 64 tokens shared by every request
+
+    def run(card, requests):
+        core = EngineCore(card, gpu("H100"), 1, {}, seed=0, noise=NoiseSettings.off())
+        res = simulate(core, requests, sample_interval_s=3600.0, start_s=0.0)
+        return {r.rid: r.cached_tokens for r in res.requests}
+
+    branching = [EmuRequest(f"b{i}", 20 * 64, 8, system + [1000 * i + j for j in range(4)], 64, 2.0 * i)
+                 for i in range(1, 5)]
+    turn1 = system + [900 + j for j in range(4)]
+    turns = [EmuRequest("t1", 20 * 64, 8, turn1, 64, 0.0),
+             EmuRequest("t2", 28 * 64, 8, turn1 + [950 + j for j in range(8)], 64, 2.0)]
+    dense, hybrid = model_card("qwen3-8b"), model_card("qwen3.5-9b")
+    assert [run(dense, branching)[f"b{i}"] for i in range(2, 5)] == [16 * 64] * 3  # the system prompt is reused
+    assert [run(hybrid, branching)[f"b{i}"] for i in range(2, 5)] == [0] * 3  # no state where they branch
+    assert run(dense, turns)["t2"] == run(hybrid, turns)["t2"] == 20 * 64  # the previous turn, whole
