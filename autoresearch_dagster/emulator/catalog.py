@@ -47,6 +47,14 @@ MODELS_DIR = Path(__file__).parent / "models"
 # Each named model is its published config.json (meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen2.5-32B-Instruct,
 # Qwen/Qwen3-235B-A22B, google/gemma-4-26b-a4b-it; the fields the derivation reads, as on the Hub), bundled
 # as package data and derived through the same path as a user's own file (``hf_config.load_card``).
+# The Hub is not reachable from where these were added; the later ones are copies of the Hub files kept in
+# ai-dynamo/aiconfigurator (aic-core/src/aiconfigurator_core/model_configs/, commit 095f58a5), checked against
+# independent sources: deepseek-v3.2 (deepseek-ai--DeepSeek-V3.2_config.json; DeepSeek's own
+# inference/config_671B_v3.2.json agrees), qwen3.5-35b-a3b (Qwen--Qwen3.5-35B-A3B_config.json; cudnn-frontend's
+# benchmark table and sglang-jax issue 1251 agree), glm-5.2 (zai-org--GLM-5.2_config.json; NVIDIA's NVFP4 copy
+# agrees). qwen3.5-9b is assembled from the fields third parties quote from its config.json (cudnn-frontend's
+# benchmark/e2e/_qwen_configs.py among them) in the 27B file's layout; its derived parameter counts match the
+# checkpoint's counted tensors (tests/emulator/test_hf_config.py).
 MODELS: dict[str, ModelCard] = {d.name: load_card(d / "config.json", name=d.name)
                                 for d in sorted(MODELS_DIR.iterdir()) if (d / "config.json").is_file()}
 
