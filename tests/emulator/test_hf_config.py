@@ -389,6 +389,12 @@ def test_endpoint_spec_points_at_a_config_relative_to_its_file(tmp_path):
     ({k: v for k, v in DEEPSEEK_V3.items() if k != "kv_lora_rank"}, "missing field 'kv_lora_rank' (model_type deepseek_v3)"),
     ({**LLAMA_FT, "quantization_config": {"quant_method": "awq"}}, "quant_method 'awq' is not supported (fp8, mxfp4)"),
     ({**LLAMA_FT, "layer_types": ["full_attention"] * 15}, "layer_types must list 16 layer types"),
+    ({**LLAMA_FT, "layer_types": ["linear_attention"] * 16}, "linear_attention layers are modelled for Qwen3-Next"),
+    ({**QWEN3_NEXT, "layer_types": ["mamba"] * 48}, "layer type 'mamba' is not supported"),
+    ({k: v for k, v in QWEN3_NEXT.items() if k != "linear_num_value_heads"},
+     "missing field 'linear_num_value_heads' (model_type qwen3_next)"),
+    ({**QWEN3_NEXT, "mamba_ssm_dtype": "int8"}, "mamba_ssm_dtype must be one of float32, bfloat16, float16"),
+    ({k: v for k, v in DEEPSEEK_V32.items() if k != "index_topk"}, "missing field 'index_topk' (model_type deepseek_v32)"),
 ])
 def test_bad_config_files_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "config.json"
