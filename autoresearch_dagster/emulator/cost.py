@@ -410,24 +410,30 @@ def default_mem_fraction_static(hw: GPUSpec, *, chunked_prefill_size: int, tp: i
 MAMBA_FULL_MEMORY_RATIO = 0.9
 
 
+def _weights_on_gpu(model: ModelCard, *, tp: int, fp8_weights: bool, draft: bool) -> float:
+    weights = model.weights_bytes(fp8_weights) / tp
+    if draft:  # one-layer EAGLE head + its own lm_head copy
+        weights += (model.attn_params_per_layer + 3 * model.hidden * max(model.ffn, 4 * model.hidden)
+                    + model.vocab * model.hidden) * model.param_bytes(fp8_weights) / tp
+    return weights
+
+
 def linear_state_slots(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_static: float,
-                       fp8_weights: bool) -> int | None:
+                       fp8_weights: bool, draft: bool = False) -> int | None:
     """Requests whose recurrent states fit in a hybrid model's state pool (None: the model has no linear layers)."""
     if not model.linear_layers:
         return None
-    pool = hw.memory_gib * GiB * mem_fraction_static - model.weights_bytes(fp8_weights) / tp
+    pool = hw.memory_gib * GiB * mem_fraction_static - _weights_on_gpu(model, tp=tp, fp8_weights=fp8_weights,
+                                                                         draft=draft)
     share = pool * MAMBA_FULL_MEMORY_RATIO / (1.0 + MAMBA_FULL_MEMORY_RATIO)
     return max(1, int(share // model.linear_state_bytes_per_request(tp)))
 
 
 def kv_capacity_tokens(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_static: float,
                        fp8_weights: bool, kv_bytes: float, page_size: int, draft: bool = False) -> int:
-    """Tokens the KV pool holds on one replica: (memory x fraction - weights) / KV bytes per token."""
-    wbytes = model.param_bytes(fp8_weights)
-    weights = model.weights_bytes(fp8_weights) / tp
-    if draft:  # one-layer EAGLE head + its own lm_head copy
-        weights += (model.attn_params_per_layer + 3 * model.hidden * max(model.ffn, 4 * model.hidden)
-                    + model.vocab * model.hidden) * wbytes / tp
+    """Tokens the KV pool holds on one replica: (memory x fraction - weights) / KV bytes per token (a hybrid model's
+    KV gets 1 / (1 + ``MAMBA_FULL_MEMORY_RATIO``) of that memory, its recurrent states the rest)."""
+    weights = _weights_on_gpu(model, tp=tp, fp8_weights=fp8_weights, draft=draft)
     pool = hw.memory_gib * GiB * mem_fraction_static - weights
     if model.linear_layers:  # the recurrent-state pool takes its share first (SGLang's mamba_full_memory_ratio)
         pool /= 1.0 + MAMBA_FULL_MEMORY_RATIO
