@@ -1,6 +1,7 @@
 """Owns the emulator's validation against published real-GPU serving measurements: the table's schema and
 split rule, the workloads each point describes, the emulator's prediction of each point, the error
-statistics, and the fit of ``Efficiency`` factors on the table's ``fit`` half.
+statistics, the fit of ``Efficiency`` factors on the table's ``fit`` half, and the calibration transfer (calibrate on
+one published run of an endpoint, predict its others: ``transfer``).
 
 The table (``benchmarks/data/emulator_validation.json``) lists points read in public sources (URL, engine,
 version, GPU, TP, weights and KV dtype, workload, metric, value, the source's own lines). Each point is
