@@ -146,8 +146,12 @@ def vllm_gpu_defaults(card: ModelCard, dev: GPUSpec, *, tp: int = 1, max_num_seq
     weights = card.weights_bytes(fp8_weights) / tp
     kv = util * mem - weights - activation - VLLM_NON_TORCH_GIB * GiB
     frac = (kv + weights) / mem
-    return {"enable_mixed_chunk": True, "disable_overlap_schedule": not async_scheduling, "max_running_requests": seqs,
-            "chunked_prefill_size": budget, "mem_fraction_static": round(min(0.99, max(0.05, frac)), 6)}
+    out = {"enable_mixed_chunk": True, "disable_overlap_schedule": not async_scheduling, "max_running_requests": seqs,
+           "chunked_prefill_size": budget, "mem_fraction_static": round(min(0.99, max(0.05, frac)), 6)}
+    if card.linear_layers:  # vLLM leaves prefix caching off for hybrid (Mamba-style) models unless asked (GPUStack's
+        # vLLM 0.17.1 Qwen3.5 pages try --enable-prefix-caching as an option), so nothing stops async scheduling
+        out["disable_radix_cache"] = True
+    return out
 
 
 def _vllm_view(endpoint: EndpointSpec, config: dict[str, Any]) -> EmulatorView:

@@ -3,7 +3,10 @@
 Every knob in ``spec.KNOBS`` gets a concrete value: memory-dependent defaults (chunked prefill
 size, decode CUDA-graph max batch size, mem_fraction_static), the KV pool size that follows, the
 max-running-requests estimate (48 under speculative decoding), speculative parameters, page size,
-and ``spec.server_overrides`` (the hardware-independent rules). What a value means (fp8 weights or
+and ``spec.server_overrides`` (the hardware-independent rules). A hybrid linear-attention model (Qwen3-Next,
+Qwen3.5) with the radix cache on runs without the overlap scheduler: SGLang's default
+``mamba_scheduler_strategy`` resolves to ``no_buffer``, and ServerArgs disables the overlap schedule for
+``no_buffer`` with the radix cache (``--disable-overlap-schedule``'s auto-disable list). What a value means (fp8 weights or
 KV, a draft model) comes from the knob table's ``Meaning``.
 """
 from __future__ import annotations
@@ -45,6 +48,10 @@ def _is_llama(model: ModelCard) -> bool:
 def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, Any]) -> Resolved:
     cfg = validate_server_config(config)
     k: dict[str, Any] = server_overrides({name: cfg.get(name, kn.default) for name, kn in KNOBS.items()})
+    if model.linear_layers and not k["disable_radix_cache"]:
+        # a hybrid linear-attention model with the radix cache runs SGLang's default mamba scheduler strategy,
+        # no_buffer, and ServerArgs turns the overlap scheduler off for that pairing
+        k["disable_overlap_schedule"] = True
     tp, dp = k["tp_size"], k["dp_size"]
     if tp * dp > gpus:
         raise SpecError(f"tp_size x dp_size = {tp * dp} exceeds the deployment's {gpus} GPU(s)")

@@ -251,6 +251,14 @@ def test_qwen3_next_linear_layers_hold_a_fixed_state_instead_of_kv(tmp_path):
     pool = hw.memory_gib * GiB * r.knobs["mem_fraction_static"] - c.weights_bytes(False) / 4
     assert r.max_total_num_tokens == pytest.approx(pool / 1.9 / c.kv_bytes_per_token(2.0, 4), rel=1e-3)
     assert r.knobs["max_running_requests"] == int(pool * 0.9 / 1.9 // (state / 4))
+    # SGLang's default mamba scheduler strategy (no_buffer) with the radix cache turns the overlap scheduler off
+    assert r.knobs["disable_overlap_schedule"] and not r.knobs["disable_radix_cache"]
+    no_radix = EngineCore(c, hw, 4, {"tp_size": 4, "disable_radix_cache": True}, seed=0).resolved
+    assert not no_radix.knobs["disable_overlap_schedule"]
+    assert not EngineCore(model_card("qwen3-8b"), hw, 1, {}, seed=0).resolved.knobs["disable_overlap_schedule"]
+    from autoresearch_dagster.emulator.engine_view import vllm_gpu_defaults
+    assert vllm_gpu_defaults(c, hw, tp=4)["disable_radix_cache"]  # vLLM: no prefix caching for hybrids by default
+    assert "disable_radix_cache" not in vllm_gpu_defaults(model_card("qwen3-8b"), hw)
     # each decode step reads and writes every request's state once per linear layer
     eff = Efficiency()
     cm = CostModel(c, hw, tp=4, fp8_weights=False, kv_bytes=2.0, eff=eff)
