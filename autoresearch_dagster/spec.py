@@ -139,6 +139,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     _K("mem_fraction_static", float, None, "parallel_admission",
        "share of GPU memory for weights + KV pool: more KV and concurrency vs activation/graph OOM risk",
        low=0.05, high=0.99, search_values=(0.80, 0.85, 0.88, 0.92)),
+    _K("mamba_full_memory_ratio", float, 0.9, "parallel_admission",
+       "hybrid linear-attention models (Qwen3-Next, Qwen3.5): recurrent-state memory over full-attention KV memory: "
+       "more requests in flight vs fewer KV tokens; no effect on other models",
+       low=0.05, high=20.0, nullable=False),
     _K("page_size", int, None, "scheduling_cache",
        "KV page size in tokens: larger pages are faster but partial pages are not reused by the prefix cache",
        low=1, high=256, search_values=(1, 16, 64)),

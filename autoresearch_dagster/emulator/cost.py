@@ -404,7 +404,7 @@ def default_mem_fraction_static(hw: GPUSpec, *, chunked_prefill_size: int, tp: i
     return round((total_mb - reserved) / total_mb, 3)
 
 
-# SGLang's --mamba-full-memory-ratio (0.9): a hybrid linear-attention model's cache memory splits into recurrent
+# SGLang's --mamba-full-memory-ratio (default 0.9, the knob ``mamba_full_memory_ratio``): a hybrid linear-attention model's cache memory splits into recurrent
 # states and full-attention KV in this ratio (ServerArgs; model_runner sizes max_mamba_cache_size from it), and a
 # request runs only while it holds a state slot. vLLM pages states and KV from one pool; the same split stands in.
 MAMBA_FULL_MEMORY_RATIO = 0.9
@@ -419,24 +419,26 @@ def _weights_on_gpu(model: ModelCard, *, tp: int, fp8_weights: bool, draft: bool
 
 
 def linear_state_slots(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_static: float,
-                       fp8_weights: bool, draft: bool = False) -> int | None:
-    """Requests whose recurrent states fit in a hybrid model's state pool (None: the model has no linear layers)."""
+                       fp8_weights: bool, draft: bool = False, state_ratio: float = MAMBA_FULL_MEMORY_RATIO) -> int | None:
+    """Requests whose recurrent states fit in a hybrid model's state pool (None: the model has no linear layers);
+    ``state_ratio`` is the knob ``mamba_full_memory_ratio``."""
     if not model.linear_layers:
         return None
     pool = hw.memory_gib * GiB * mem_fraction_static - _weights_on_gpu(model, tp=tp, fp8_weights=fp8_weights,
                                                                          draft=draft)
-    share = pool * MAMBA_FULL_MEMORY_RATIO / (1.0 + MAMBA_FULL_MEMORY_RATIO)
+    share = pool * state_ratio / (1.0 + state_ratio)
     return max(1, int(share // model.linear_state_bytes_per_request(tp)))
 
 
 def kv_capacity_tokens(model: ModelCard, hw: GPUSpec, *, tp: int, mem_fraction_static: float,
-                       fp8_weights: bool, kv_bytes: float, page_size: int, draft: bool = False) -> int:
+                       fp8_weights: bool, kv_bytes: float, page_size: int, draft: bool = False,
+                       state_ratio: float = MAMBA_FULL_MEMORY_RATIO) -> int:
     """Tokens the KV pool holds on one replica: (memory x fraction - weights) / KV bytes per token (a hybrid model's
-    KV gets 1 / (1 + ``MAMBA_FULL_MEMORY_RATIO``) of that memory, its recurrent states the rest)."""
+    KV gets 1 / (1 + ``state_ratio``) of that memory, its recurrent states the rest)."""
     weights = _weights_on_gpu(model, tp=tp, fp8_weights=fp8_weights, draft=draft)
     pool = hw.memory_gib * GiB * mem_fraction_static - weights
     if model.linear_layers:  # the recurrent-state pool takes its share first (SGLang's mamba_full_memory_ratio)
-        pool /= 1.0 + MAMBA_FULL_MEMORY_RATIO
+        pool /= 1.0 + state_ratio
     per_token = model.kv_bytes_per_token(kv_bytes, tp)
     tokens = int(pool // per_token) if pool > 0 else 0
     tokens -= tokens % max(1, page_size)

@@ -94,13 +94,14 @@ def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, A
     kv_bytes = 1.0 if KNOBS["kv_cache_dtype"].meaning(k["kv_cache_dtype"]).fp8 else model.kv_dtype_bytes
     draft = KNOBS["speculative_algorithm"].meaning(k["speculative_algorithm"]).draft_model
     cap = kv_capacity_tokens(model, hw, tp=tp, mem_fraction_static=k["mem_fraction_static"], fp8_weights=fp8w,
-                             kv_bytes=kv_bytes, page_size=k["page_size"], draft=draft)
+                             kv_bytes=kv_bytes, page_size=k["page_size"], draft=draft,
+                             state_ratio=k["mamba_full_memory_ratio"])
     if k["max_running_requests"] is None:
         k["max_running_requests"] = int(min(max(cap / model.context_len * 512, 2048), 4096, cap // 2))
     else:
         k["max_running_requests"] = int(min(k["max_running_requests"], cap // 2))
     slots = linear_state_slots(model, hw, tp=tp, mem_fraction_static=k["mem_fraction_static"], fp8_weights=fp8w,
-                               draft=draft)
+                               draft=draft, state_ratio=k["mamba_full_memory_ratio"])
     if slots is not None:  # a hybrid model runs at most as many requests as its state pool holds
         k["max_running_requests"] = int(min(k["max_running_requests"], slots))
     alpha = ACCEPT_PROB.get(k["speculative_algorithm"] or "", 0.0)

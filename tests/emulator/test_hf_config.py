@@ -251,6 +251,13 @@ def test_qwen3_next_linear_layers_hold_a_fixed_state_instead_of_kv(tmp_path):
     pool = hw.memory_gib * GiB * r.knobs["mem_fraction_static"] - c.weights_bytes(False) / 4
     assert r.max_total_num_tokens == pytest.approx(pool / 1.9 / c.kv_bytes_per_token(2.0, 4), rel=1e-3)
     assert r.knobs["max_running_requests"] == int(pool * 0.9 / 1.9 // (state / 4))
+    # the knob mamba_full_memory_ratio moves memory between states and KV: more requests in flight, fewer tokens
+    more = EngineCore(c, hw, 4, {"tp_size": 4, "mamba_full_memory_ratio": 3.0}, seed=0).resolved
+    assert more.knobs["max_running_requests"] == int(pool * 3.0 / 4.0 // (state / 4)) > r.knobs["max_running_requests"]
+    assert more.max_total_num_tokens == pytest.approx(pool / 4.0 / c.kv_bytes_per_token(2.0, 4), rel=1e-3)
+    dense = EngineCore(model_card("qwen3-8b"), hw, 1, {}, seed=0).resolved
+    assert EngineCore(model_card("qwen3-8b"), hw, 1, {"mamba_full_memory_ratio": 3.0}, seed=0).resolved \
+        .max_total_num_tokens == dense.max_total_num_tokens  # no effect on a model without linear layers
     # SGLang's default mamba scheduler strategy (no_buffer) with the radix cache turns the overlap scheduler off
     assert r.knobs["disable_overlap_schedule"] and not r.knobs["disable_radix_cache"]
     no_radix = EngineCore(c, hw, 4, {"tp_size": 4, "disable_radix_cache": True}, seed=0).resolved
