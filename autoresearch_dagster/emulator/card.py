@@ -80,6 +80,12 @@ class ModelCard:
         return self.layers if self.index_layers is None else self.index_layers
 
     @property
+    def index_key_bytes(self) -> float:
+        """DSA's indexer key of one token in one indexer layer: fp8 elements and one fp32 scale (SGLang's
+        ``NSATokenToKVPool``)."""
+        return self.index_head_dim + 4.0 if self.index_topk else 0.0
+
+    @property
     def attn_layers(self) -> int:
         """Layers with softmax attention (and a KV cache): all but the linear-attention layers."""
         return self.layers - self.linear_layers
@@ -184,8 +190,7 @@ class ModelCard:
         kv_lora_rank + qk_rope_head_dim per layer that every TP rank holds whole (SGLang's
         ``MLATokenToKVPool``; model_runner's cell size has no TP division on that branch)."""
         if self.is_mla:
-            # DSA adds the indexer's key per token and layer: fp8, one fp32 scale (SGLang's NSATokenToKVPool)
-            index = self.n_index_layers * (self.index_head_dim + 4)
+            index = self.n_index_layers * self.index_key_bytes  # DSA: each indexer layer's key of the token
             return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes + index
         kv_heads_per_gpu = max(1.0, self.kv_heads / tp)
         return 2 * self.attn_layers * kv_heads_per_gpu * self.head_dim * kv_bytes

@@ -247,7 +247,7 @@ class CostModel:
         self._lm_params = m.vocab * m.hidden / tp
         self._expert_params = m.expert_params / tp
         # KV bytes per token and softmax-attention layer the attention kernels read (DSA's index keys apart)
-        self._idx_per_layer_token = (m.index_head_dim + 4.0) if m.index_topk else 0.0
+        self._idx_per_layer_token = m.index_key_bytes
         self._kv_per_layer_token = (m.kv_bytes_per_token(kv_bytes, tp)
                                     - m.n_index_layers * self._idx_per_layer_token) / m.attn_layers
         heads = m.heads / tp  # query heads are split over TP ranks (MLA too; its latent KV is not)

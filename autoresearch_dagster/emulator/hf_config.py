@@ -35,10 +35,7 @@ _ARCH_OF = {mt: a for a, mt in ARCHITECTURES.items()}
 # composite model_type -> its text config's model_type
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen3_5": "qwen3_5_text",
              "qwen3_5_moe": "qwen3_5_moe_text"}
-SUPPORTED = ("deepseek_v3", "deepseek_v32", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
-             "glm_moe_dsa",
-             "gpt_oss", "llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text",
-             "qwen3_5_text", "qwen3_moe", "qwen3_next")
+SUPPORTED = tuple(sorted(set(ARCHITECTURES.values())))  # every family has its architectures[0] spelling above
 # Hybrid families: Gated DeltaNet linear-attention layers between gated full-attention layers
 HYBRID_LINEAR = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
