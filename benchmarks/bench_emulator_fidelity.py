@@ -68,11 +68,11 @@ def print_rows(rows) -> None:
               f"worst |error| {s['worst_abs_error']:.1%}")
 
 
-def print_transfer(points) -> None:
+def print_transfer(points, rows_default) -> None:
     """Calibrate on each endpoint's ShareGPT run, predict its other runs (``validation.transfer``): the campaign's
     pre-screen use (same traffic, other settings) apart from extrapolation to other workloads."""
     cpu0 = time.process_time()
-    rows = transfer(points)
+    rows = transfer(points, defaults={r.point.id: r.predicted for r in rows_default})
     print(f"\ncalibration transfer: per endpoint, calibrate {{mbu, gemm_mfu | moe_mfu}} on its ShareGPT run (the anchor), "
           f"predict its other runs ({time.process_time() - cpu0:.0f} CPU-s)")
     print(f"{'split':6s} {'point':46s} {'anchor':40s} {'same traffic':12s} {'default':>8s} {'calibrated':>10s}")
@@ -125,7 +125,7 @@ def main() -> None:
     print_rows(rows)
     print(f"(replayed in {time.process_time() - cpu0:.1f} CPU-s)")
     if not args.no_transfer:
-        print_transfer(points)
+        print_transfer(points, rows)
     if args.fit:
         res = fit([p for p in points if p.split == "fit"], FIT_PARAMS, eff)
         print(f"fit on the fit points ({res.n_evals} evaluations, {res.message}): "

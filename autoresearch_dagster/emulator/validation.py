@@ -429,12 +429,14 @@ class TransferRow:
         return self.calibrated / self.point.value - 1.0
 
 
-def transfer(points: Iterable[Point], *, prior_weight: float = 0.1) -> list[TransferRow]:
+def transfer(points: Iterable[Point], *, prior_weight: float = 0.1,
+             defaults: dict[str, float] | None = None) -> list[TransferRow]:
     """The product's calibrate-then-predict on real endpoints: per endpoint (``endpoint_key``) with a ShareGPT run
     and other runs, calibrate the factors a load curve pins (``calibrate.default_params``: HBM streaming and the
     model's GEMM rate) on that one run (``calibrate_on``), then predict the endpoint's other runs (other
     workloads, other settings: TP, weights, KV dtype, flags); the anchor run's other metrics are left out (same run).
-    ``same_traffic`` tells the campaign's case (the same traffic under other settings) from extrapolation."""
+    ``same_traffic`` tells the campaign's case (the same traffic under other settings) from extrapolation.
+    ``defaults``: the points' predictions with the default factors where already made (``evaluate``), by id."""
     from autoresearch_dagster.emulator.calibrate import default_params
 
     groups: dict[tuple[str, ...], list[Point]] = {}
@@ -448,6 +450,7 @@ def transfer(points: Iterable[Point], *, prior_weight: float = 0.1) -> list[Tran
         if not others:
             continue
         eff = calibrate_on(anchor, default_params(anchor.model), prior_weight=prior_weight)
-        anchor_default = predict(anchor)
-        rows += [TransferRow(p, anchor, predict(p), predict(p, eff), eff, anchor_default) for p in others]
+        made = defaults or {}
+        default = {p.id: made[p.id] if p.id in made else predict(p) for p in [anchor, *others]}
+        rows += [TransferRow(p, anchor, default[p.id], predict(p, eff), eff, default[anchor.id]) for p in others]
     return rows
