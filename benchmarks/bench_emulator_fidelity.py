@@ -37,7 +37,7 @@ from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
 from autoresearch_dagster.emulator.noise import NoiseSettings  # noqa: E402
 from autoresearch_dagster.emulator.sim import simulate  # noqa: E402
 from autoresearch_dagster.emulator.validation import (  # noqa: E402
-    evaluate, fit, load_table, same_traffic, sharegpt_lengths, summary, transfer)
+    PAIR_BAND, engine_pairs, evaluate, fit, load_table, same_traffic, sharegpt_lengths, summary, transfer)
 
 TABLE = Path(__file__).resolve().parent / "data" / "emulator_validation.json"
 # The factors the fit half exercises: GEMM / MoE / fp8 / w8a16 / attention rates (the random-prompt offline runs),
@@ -96,6 +96,25 @@ def print_transfer(points, rows_default) -> None:
                       f"points, calibrated median {np.median(c):.1%} worst {c.max():.1%}")
 
 
+def print_engine_gap(rows) -> None:
+    """SGLang against vLLM on one page (same model, GPU, TP, dtypes, traffic): the published ratio is the engines'
+    implementations alone, which the default factors, shared by both engines, cannot learn."""
+    pairs = engine_pairs(rows)
+    print(f"\nengine gap: SGLang / vLLM on the same page, model, GPU, TP, dtypes and traffic ({len(pairs)} pairs)")
+    print(f"{'sglang run':46s} {'versions (sglang, vllm)':24s} {'published':>9s} {'emulator':>9s} {'ratio error':>11s}")
+    for e in sorted(pairs, key=lambda e: e.published_ratio):
+        p = e.sglang.point
+        band = "  out of band" if e.out_of_band else ""
+        print(f"{p.id:46s} {p.engine_version + ', ' + e.vllm.point.engine_version:24s} {e.published_ratio:9.2f} "
+              f"{e.predicted_ratio:9.2f} {e.ratio_error:+11.1%}{band}")
+    if pairs:
+        pub, pred = [e.published_ratio for e in pairs], [e.predicted_ratio for e in pairs]
+        out = sum(e.out_of_band for e in pairs)
+        print(f"published ratio {min(pub):.2f}..{max(pub):.2f}, emulator {min(pred):.2f}..{max(pred):.2f}; "
+              f"{out} pairs out of band (predicted ratio outside x{PAIR_BAND[0]:.2f}..x{PAIR_BAND[1]:.2f} of the "
+              f"published: no change to the factors both engines share puts both runs within +-25%)")
+
+
 def speed() -> float:
     """Generated tokens per CPU-second on a saturated offline run (4000 ShareGPT-like requests at t=0)."""
     prompts, outs = sharegpt_lengths(4000, 217.0, 201.0, seed=7)
@@ -124,6 +143,7 @@ def main() -> None:
     rows = evaluate(points, eff)
     print_rows(rows)
     print(f"(replayed in {time.process_time() - cpu0:.1f} CPU-s)")
+    print_engine_gap(rows)
     if not args.no_transfer:
         print_transfer(points, rows)
     if args.fit:

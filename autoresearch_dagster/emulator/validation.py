@@ -454,3 +454,52 @@ def transfer(points: Iterable[Point], *, prior_weight: float = 0.1,
         default = {p.id: made[p.id] if p.id in made else predict(p) for p in [anchor, *others]}
         rows += [TransferRow(p, anchor, default[p.id], predict(p, eff), eff, default[anchor.id]) for p in others]
     return rows
+
+
+# ------------------------------------------------------------------------------------------ engine gap
+
+# Both runs of a pair within +-25% needs the predicted engine ratio within this factor of the published one.
+PAIR_BAND = (0.75 / 1.25, 1.25 / 0.75)
+
+
+@dataclass(frozen=True)
+class EnginePair:
+    """SGLang and vLLM on one source page: same model, GPU, TP, dtypes, traffic and metric; only the engine (and
+    its version and flags) differs, so the published ratio isolates what the engines' implementations make of the
+    same hardware and requests."""
+    sglang: Row
+    vllm: Row
+
+    @property
+    def published_ratio(self) -> float:
+        return self.sglang.point.value / self.vllm.point.value
+
+    @property
+    def predicted_ratio(self) -> float:
+        return self.sglang.predicted / self.vllm.predicted
+
+    @property
+    def ratio_error(self) -> float:
+        return self.predicted_ratio / self.published_ratio - 1.0
+
+    @property
+    def out_of_band(self) -> bool:
+        """No change to the factors both engines share can put both runs within +-25%: their ratio does not move."""
+        return not PAIR_BAND[0] <= 1.0 + self.ratio_error <= PAIR_BAND[1]
+
+
+def engine_pairs(rows: Iterable[Row]) -> list[EnginePair]:
+    """The SGLang/vLLM pairs among scored rows: per setup (source URL, model, GPU, TP, weights, KV dtype, metric
+    and ``same_traffic``) with both engines, each engine's run with the fewest flags of its own (ties by id)."""
+    setups: dict[tuple[Any, ...], list[Row]] = {}
+    for r in sorted(rows, key=lambda r: (len(r.point.config), r.point.id)):
+        p = r.point
+        setups.setdefault((p.url, p.model, p.gpu.upper(), p.tp, p.weights, p.kv_dtype, p.metric), []).append(r)
+    pairs = []
+    for _, group in sorted(setups.items(), key=lambda kv: str(kv[0])):
+        for s in (r for r in group if r.point.engine == "sglang"):
+            v = next((r for r in group if r.point.engine == "vllm" and same_traffic(r.point.workload, s.point.workload)),
+                     None)
+            if v is not None and not any(q.vllm is v for q in pairs):  # a re-run of the SGLang side: its first
+                pairs.append(EnginePair(s, v))
+    return pairs

@@ -338,3 +338,35 @@ def test_calibration_transfer_learns_an_endpoints_speed_from_one_run_and_carries
     fp8 = rows["a-sg-fp8"]
     assert abs(fp8.error) < abs(fp8.default_error) / 2 and abs(fp8.error) < 0.05  # same traffic, fp8: carried over
     assert fp8.priced_change > 0.02  # the emulator does price fp8 weights as a change
+
+
+def test_engine_pairs_match_sglang_and_vllm_on_one_setup_and_flag_ratios_no_shared_factor_can_fix():
+    from autoresearch_dagster.emulator.validation import Row, engine_pairs
+    sg = Workload(kind="offline", dataset="sharegpt", num_prompts=100, total_input_tokens=30000,
+                  total_output_tokens=20000)
+
+    def row(pid, engine, value, predicted, *, workload=sg, gpu="H100", config=None):
+        p = Point(id=pid, source="test", url="https://example.invalid/page", source_quote=("x",), engine=engine,
+                  engine_version="1", model="qwen3-8b", gpu=gpu, tp=1, weights="bf16", kv_dtype="bf16",
+                  workload=workload, metric="total_token_throughput", value=value, unit="tok/s", split="holdout",
+                  config=config or {}, added="2026-12-05")
+        return Row(p, predicted)
+
+    rerun = Workload(**{**sg.__dict__, "total_input_tokens": 30300})  # the same sample, a few prompts truncated
+    rows = [row("s", "sglang", 1200.0, 1000.0), row("v", "vllm", 1000.0, 1000.0, workload=rerun),
+            row("v-flag", "vllm", 990.0, 1000.0, config={"max_num_seqs": 512}),  # the flagless vLLM run is the pair
+            row("s-a100", "sglang", 100.0, 1000.0, gpu="A100"), row("v-a100", "vllm", 1000.0, 900.0, gpu="A100"),
+            row("s-lone", "sglang", 500.0, 500.0, gpu="L40S"),  # no vLLM run on that GPU: no pair
+            row("s-rand", "sglang", 900.0, 900.0, workload=Workload(kind="offline", dataset="random", num_prompts=100,
+                                                                     input_len=128, output_len=4))]
+    pairs = {e.sglang.point.id: e for e in engine_pairs(rows)}
+    assert set(pairs) == {"s", "s-a100"}
+    assert pairs["s"].vllm.point.id == "v"
+    assert pairs["s"].published_ratio == pytest.approx(1.2) and pairs["s"].ratio_error == pytest.approx(1 / 1.2 - 1)
+    assert not pairs["s"].out_of_band  # e.g. -9% / +9% on the two runs would do
+    a100 = pairs["s-a100"]
+    assert a100.ratio_error == pytest.approx(1000 / 900 / 0.1 - 1) and a100.out_of_band
+    # out of band means what it says: whatever common factor scales both predictions, one run stays beyond 25%
+    best = min(max(abs(k * a100.sglang.predicted / 100 - 1), abs(k * a100.vllm.predicted / 1000 - 1))
+               for k in np.geomspace(0.01, 10, 4001))
+    assert best > 0.25
