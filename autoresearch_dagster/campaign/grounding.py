@@ -1,6 +1,7 @@
 """Owns the campaign's link to the calibration store and the emulator error report: calibrate, verify, re-calibrate.
 
-- The surrogate starts from the endpoint's latest stored calibration (``emulator.calibrations``), and
+- The surrogate starts from the endpoint's newest stored calibration of the running cost model measured on the
+  same engine release, model and GPU (``emulator.calibrations.latest_matching``), and
   each era's own fit (``CampaignRunner._calibrate``) is stored as the next version (reason ``campaign``).
 - Every verified experiment gets the calibrated emulator's raw prediction beside its measurement
   (``emulator_prediction``) and one ``emulator_errors`` row (``agents.emulator_errors``).
@@ -13,19 +14,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoresearch_dagster.emulator.calibrations import StoredCalibration, latest, save
+from autoresearch_dagster.emulator.calibrations import StoredCalibration, latest_matching, save
 from autoresearch_dagster.spec import config_hash
 
 
-def start_from_store(results: Any, endpoint: str) -> tuple[dict[str, float] | None, int | None]:
-    """(efficiency values, version) of the endpoint's latest stored calibration, or (None, None); (None, None) too
-    when that version was fitted under another cost model (``StoredCalibration.current``): its factors priced other
-    mechanics, and a surrogate started from them mispredicts (the demo's surrogate, started from a calibration of
-    cost model 6 on cost model 7, predicted fp8 KV at 0.94x where a fresh start predicted 1.9x and measured 1.84x)."""
+def start_from_store(results: Any, endpoint: str, **now: Any) -> tuple[dict[str, float] | None, int | None, list[str]]:
+    """(efficiency values, version, versions passed over and why) of the endpoint's newest stored calibration that
+    was fitted under the running cost model and on the engine, engine version, model and GPU it runs ``now``
+    (``calibrations.latest_matching``); (None, None, ...) when there is none. A version of another cost model priced
+    other mechanics (the demo's surrogate, started from a calibration of cost model 6 on cost model 7, predicted fp8
+    KV at 0.94x where a fresh start predicted 1.9x and measured 1.84x); one of another engine release priced other
+    kernels, and the calibration's prior would hold the new fit near them."""
     if results is None:
-        return None, None
-    cal = latest(results.root, endpoint)
-    return (cal.to_efficiency().__dict__, cal.version) if cal and cal.current else (None, None)
+        return None, None, []
+    cal, passed = latest_matching(results.root, endpoint, **now)
+    return (cal.to_efficiency().__dict__, cal.version, passed) if cal else (None, None, passed)
 
 
 def store(runner: Any, cal: dict[str, Any], *, config: dict[str, Any], reason: str, source: str,

@@ -193,7 +193,12 @@ class CampaignRunner:
     def surrogate(self) -> Surrogate:
         if self._surrogate is None:
             if not self.state.surrogate.get("efficiency"):  # a new campaign starts from the stored calibration
-                stored, version = grounding.start_from_store(self.results, self.endpoint.name)
+                c = self.conditions()
+                stored, version, passed = grounding.start_from_store(
+                    self.results, self.endpoint.name, engine=c.engine, engine_version=c.engine_version,
+                    model=c.model, gpu=c.gpu)
+                for why in passed:
+                    self.say(f"  stored calibration {why}: not started from")
                 if stored:
                     self.state.surrogate.update(efficiency=stored, version=version, start_version=version)
             eff = self.state.surrogate.get("efficiency")

@@ -126,6 +126,33 @@ def latest(lake_root: str | Path, endpoint: str) -> StoredCalibration | None:
     return load(found[-1][1]) if found else None
 
 
+def _unknown(v: Any) -> bool:
+    return v is None or str(v) in ("", "unknown")
+
+
+def mismatch(cal: StoredCalibration, **now: Any) -> str:
+    """Why ``cal`` does not describe the endpoint as it runs ``now`` (engine, engine_version, model, gpu; "" when it
+    does): factors fitted under another engine release, model or GPU priced other kernels. The published SGLang/vLLM
+    ratio on one page spans 0.06..1.58 across releases (``validation.engine_pairs``). A side that is unknown
+    matches anything."""
+    off = [f"{k} {getattr(cal, k)} (now {v})" for k, v in now.items()
+           if not _unknown(v) and not _unknown(getattr(cal, k, None)) and str(getattr(cal, k)) != str(v)]
+    return ("measured on " + ", ".join(off)) if off else ""
+
+
+def latest_matching(lake_root: str | Path, endpoint: str, **now: Any) -> tuple[StoredCalibration | None, list[str]]:
+    """The endpoint's newest calibration fitted under the running cost model (``StoredCalibration.current``) and
+    matching ``now`` (``mismatch``), and why each newer version was passed over."""
+    passed: list[str] = []
+    for version, path in reversed(versions(calibration_dir(lake_root, endpoint))):
+        cal = load(path)
+        why = "fitted under another cost model" if not cal.current else mismatch(cal, **now)
+        if not why:
+            return cal, passed
+        passed.append(f"v{version}: {why}")
+    return None, passed
+
+
 def resolve(ref: str | Path, *, endpoint: str, lake_root: str | Path | None = None) -> StoredCalibration:
     """What a spec's ``engine_options.calibration`` names: ``latest`` (needs ``lake_root``), a version file,
     or a directory of versions (its newest)."""

@@ -17,6 +17,7 @@ from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.spec import CampaignBudget
 
 from autoresearch_dagster.campaign.loop import CampaignRunner
+from autoresearch_dagster.emulator.core import emulator_version
 from autoresearch_dagster.engines.emulator import EmulatorEngine
 from autoresearch_dagster.memory import Memory
 from autoresearch_dagster.results import open_lake
@@ -54,7 +55,7 @@ def grounded(tmp_path_factory):
                        measurement=TINY.with_overrides(max_steps=16, start_rps=0.25), results=open_lake(tmp / "lake"),
                        memory=Memory(tmp / "memory"), proposers=[Optimist()])
     start = calibrations.save(r.results.root, calibrations.StoredCalibration(
-        endpoint="small", engine="emulator", engine_version="test", model="llama-3.1-8b", gpu="H100", gpus=1,
+        endpoint="small", engine="emulator", engine_version=emulator_version(), model="llama-3.1-8b", gpu="H100", gpus=1,
         config_hash="-", pool_hash="-", reason="cli", source="a measured curve", params={"mbu": 0.75},
         efficiency=Efficiency(mbu=0.75).__dict__, error_before={}, error_after={}, points=3, n_evals=1, success=True),
         results=r.results)
@@ -118,8 +119,29 @@ def test_a_calibration_of_another_cost_model_is_kept_but_not_started_from(tmp_pa
                success=True)
     now = calibrations.save(lake.root, calibrations.StoredCalibration(**cal), results=lake)
     assert now.cost_model == cost_model_fingerprint() and now.current
-    assert start_from_store(lake, "e") == (Efficiency(mbu=0.7).__dict__, 1)
+    assert start_from_store(lake, "e") == (Efficiency(mbu=0.7).__dict__, 1, [])
     old = calibrations.save(lake.root, calibrations.StoredCalibration(**cal, cost_model="an-older-one"), results=lake)
     assert calibrations.latest(lake.root, "e").version == old.version == 2  # kept, readable
     assert not calibrations.load(old.path).current
-    assert start_from_store(lake, "e") == (None, None)  # but the surrogate starts from the documented factors
+    assert start_from_store(lake, "e")[:2] == (Efficiency(mbu=0.7).__dict__, 1)  # the older version of this model
+    assert start_from_store(lake, "e")[2] == ["v2: fitted under another cost model"]
+
+
+def test_a_calibration_of_another_engine_release_model_or_gpu_is_not_started_from(tmp_path):
+    from autoresearch_dagster.campaign.grounding import start_from_store
+
+    lake = open_lake(tmp_path / "lake")
+    cal = dict(endpoint="e", engine="sglang", model="llama-3.1-8b", gpu="H100", gpus=1, config_hash="-",
+               pool_hash="-", reason="cli", source="a curve", error_before={}, error_after={}, points=3, n_evals=1,
+               success=True)
+    for version, mbu in (("0.5.3", 0.7), ("0.5.5", 0.6)):
+        calibrations.save(lake.root, calibrations.StoredCalibration(
+            **cal, engine_version=version, params={"mbu": mbu}, efficiency=Efficiency(mbu=mbu).__dict__))
+    now = dict(engine="sglang", model="llama-3.1-8b", gpu="H100")
+    assert start_from_store(lake, "e", **now, engine_version="0.5.5")[:2] == (Efficiency(mbu=0.6).__dict__, 2)
+    eff, version, passed = start_from_store(lake, "e", **now, engine_version="0.5.3")  # rolled back: v1 fits
+    assert (eff, version) == (Efficiency(mbu=0.7).__dict__, 1) and passed == ["v2: measured on engine_version 0.5.5 "
+                                                                             "(now 0.5.3)"]
+    assert start_from_store(lake, "e", **now, engine_version="0.5.6")[:2] == (None, None)  # a new release
+    assert start_from_store(lake, "e", **{**now, "gpu": "A100"}, engine_version="0.5.5")[:2] == (None, None)
+    assert start_from_store(lake, "e", **now, engine_version="unknown")[1] == 2  # not known yet: the newest
