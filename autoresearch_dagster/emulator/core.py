@@ -45,18 +45,23 @@ from typing import Callable
 import numpy as np
 
 from autoresearch_dagster.emulator.catalog import GPUSpec, ModelCard
-from autoresearch_dagster.emulator.cost import CostModel, Efficiency, StepCost, cuda_graph_batch_sizes
+from autoresearch_dagster.emulator.cost import (COST_MODEL_VERSION, CostModel, Efficiency, StepCost, cost_model_fingerprint,
+                                               cuda_graph_batch_sizes)
 from autoresearch_dagster.emulator.noise import NoiseSettings, NoiseSource
 from autoresearch_dagster.emulator.resolve import Resolved, resolve_config
 from autoresearch_dagster.spec import KNOBS
 
 
 def emulator_version() -> str:
+    """The emulator's release as an engine reports one: the package version plus its cost model
+    (``COST_MODEL_VERSION`` and ``cost_model_fingerprint``), since a new cost model serves the same config at other
+    speeds, as a new engine release does. What keys on engine versions then treats it as one: the memory's
+    tried-config conditions, the calibrations a campaign starts from, the engine_version sensor's re-diagnosis."""
     try:
         v = importlib.metadata.version("autoresearch-dagster")
     except importlib.metadata.PackageNotFoundError:
         from autoresearch_dagster import __version__ as v
-    return f"emulator-{v}"
+    return f"emulator-{v}+cm{COST_MODEL_VERSION}.{cost_model_fingerprint()[:6]}"
 
 
 LPM_MAX_QUEUE = 128  # schedule_policy.py WAITING_QUEUE_PREFIX_MATCH_MAX

@@ -160,3 +160,18 @@ def test_a_request_larger_than_the_kv_pool_is_rejected_with_an_event():
     assert step.kind == "reject"
     assert [(e.rid, e.finished, e.error) for e in step.events] == [("big0", True, "request does not fit in the KV cache")]
     assert c.next_step(0.0) is None
+
+
+def test_the_emulators_release_changes_with_its_cost_model_as_an_engine_release_would(monkeypatch):
+    from autoresearch_dagster.emulator import cost
+    from autoresearch_dagster.emulator.core import emulator_version
+    from autoresearch_dagster.memory import Conditions
+
+    now = emulator_version()
+    assert now.startswith("emulator-") and f"+cm{cost.COST_MODEL_VERSION}." in now
+    monkeypatch.setattr(cost, "COST_MODEL_VERSION", cost.COST_MODEL_VERSION + 1)  # a new mechanism lands
+    later = emulator_version()
+    assert later != now
+    cond = dict(engine="emulator", model="llama-3.1-8b", gpu="H100", gpus=1, pool_hash="p", traits={})
+    # a config tried under the old cost model is not taken as tried under the new one
+    assert Conditions(engine_version=now, **cond).key() != Conditions(engine_version=later, **cond).key()
