@@ -66,6 +66,8 @@ class Knob:
     # canonical value -> its meaning; a value not listed computes like the checkpoint (lossless, no draft
     # model). May name values a server reports without our choices allowing them (auto-detected checkpoints).
     meanings: dict[Any, Meaning] = field(default_factory=dict)
+    # the knob does something only for models with this trait (``ModelCard.traits``): searched only for them
+    model_trait: str | None = None
 
     @property
     def flag(self) -> str:
@@ -142,7 +144,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     _K("mamba_full_memory_ratio", float, 0.9, "parallel_admission",
        "hybrid linear-attention models (Qwen3-Next, Qwen3.5): recurrent-state memory over full-attention KV memory: "
        "more requests in flight vs fewer KV tokens; no effect on other models",
-       low=0.05, high=20.0, nullable=False),
+       low=0.05, high=20.0, nullable=False, search_values=(0.5, 0.9, 2.0), model_trait="linear_attention"),
     _K("page_size", int, None, "scheduling_cache",
        "KV page size in tokens: larger pages are faster but partial pages are not reused by the prefix cache",
        low=1, high=256, search_values=(1, 16, 64)),

@@ -22,6 +22,7 @@ from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, Intervention,
 from autoresearch_dagster.agents.recipes import Recipe, load_recipes, resolve_move
 from autoresearch_dagster.agents.search import SearchSpace, normalize, search, static_problem
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
+from autoresearch_dagster.emulator.catalog import model_traits
 from autoresearch_dagster.spec import config_hash, knob_table, knobs_for, table_of
 
 
@@ -88,8 +89,9 @@ class OfflineProposer:
 
     def _recipes(self, brief: ResearchBrief) -> list[tuple[Recipe, float]]:
         scores = {h.get("bottleneck"): float(h.get("score") or 0.0) for h in brief.hypotheses}
+        traits = model_traits(brief.model)
         mine = [r for r in self.recipes if r.direction == brief.direction and brief.gpus >= r.min_gpus
-                and r.engine == knob_table(brief.engine)]
+                and r.engine == knob_table(brief.engine) and (r.model_trait is None or r.model_trait in traits)]
         return sorted(((r, r.relevance(scores)) for r in mine), key=lambda x: (-x[1], x[0].name))
 
     def propose(self, brief: ResearchBrief, tools: Any = None) -> Session:
@@ -112,7 +114,8 @@ class OfflineProposer:
                     seeds.append((cfg, move.label))
         knobs = sorted({k for r, _ in recipes for m in r.moves for k in m}
                        | {k for k, kn in knobs_for(brief.engine).items() if kn.direction == brief.direction})
-        space = SearchSpace.full(brief.gpus, base, brief.engine).around(knobs, resolved, max_step=g.justified_step)
+        space = SearchSpace.full(brief.gpus, base, brief.engine, model_traits(brief.model)).around(
+            knobs, resolved, max_step=g.justified_step)
         tested = {e.get("candidate_hash") for e in brief.history if e.get("baseline_hash") == brief.baseline_hash}
         tested |= set(brief.tested_configs)
         history = [(e["candidate_config"], float(e["ratio_median"])) for e in brief.history

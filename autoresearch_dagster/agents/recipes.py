@@ -5,7 +5,8 @@ the research direction it belongs to, the bottlenecks it addresses (``diagnose.h
 explanation, a falsification, the latency term it should move, and its moves. A move is one
 candidate: knob -> value, where a value may also be relative to the knob's resolved baseline value:
 ``next_up`` / ``next_down`` (the neighbouring search value in the knob table), ``double`` / ``half``
-(clamped to the knob's bounds). ``requires: {min_gpus: N}`` skips a recipe on smaller deployments.
+(clamped to the knob's bounds). ``requires: {min_gpus: N}`` skips a recipe on smaller deployments, ``requires: {model_trait: T}`` on models
+without trait T (``ModelCard.traits``: ``linear_attention``).
 ``engine: vllm`` makes a recipe's knobs vLLM's (``spec.VLLM_KNOBS``); without it they are SGLang's, and a
 recipe serves only endpoints whose engine reads its table (``spec.knob_table``).
 """
@@ -19,6 +20,7 @@ import yaml
 
 from autoresearch_dagster.agents.proposal import DIRECTIONS
 from autoresearch_dagster.diagnose.hypotheses import BOTTLENECKS
+from autoresearch_dagster.emulator.card import ModelCard
 from autoresearch_dagster.spec import KNOBS_BY_ENGINE, SpecError, knobs_for
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
@@ -38,6 +40,7 @@ class Recipe:
     min_gpus: int = 1
     path: str = ""
     engine: str = "sglang"  # the knob table its moves use (KNOBS_BY_ENGINE)
+    model_trait: str | None = None  # serves only models with this trait (ModelCard.traits)
 
     def relevance(self, scores: dict[str, float]) -> float:
         """How strongly the diagnosis points at this recipe: its best-scored addressed bottleneck."""
@@ -83,12 +86,16 @@ def _parse(path: Path) -> Recipe:
                 raise SpecError(f"recipe {path}: unknown {engine} knob {k!r}")
             if not (isinstance(v, str) and v in RELATIVE):
                 table[k].validate(v)
+    trait = (d.get("requires") or {}).get("model_trait")
+    if trait is not None and trait not in ModelCard.TRAITS:
+        raise SpecError(f"recipe {path}: unknown model_trait {trait!r}; known: {', '.join(ModelCard.TRAITS)}")
     lat = d.get("latency") or {}
     return Recipe(name=str(d["name"]), direction=d["direction"], addresses=tuple(d["addresses"]),
                   explanation=" ".join(str(d["explanation"]).split()),
                   falsification=" ".join(str(d["falsification"]).split()), moves=tuple(d["moves"]),
                   latency_metric=str(lat.get("metric", "tpot")), latency_sign=int(lat.get("sign", -1)),
-                  min_gpus=int((d.get("requires") or {}).get("min_gpus", 1)), path=str(path), engine=engine)
+                  min_gpus=int((d.get("requires") or {}).get("min_gpus", 1)), path=str(path), engine=engine,
+                  model_trait=trait)
 
 
 def load_recipes(extra_dirs: list[str | Path] | None = None) -> list[Recipe]:

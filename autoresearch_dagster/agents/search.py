@@ -46,11 +46,15 @@ class SearchSpace:
     engine: str = "sglang"
 
     @classmethod
-    def full(cls, gpus: int, baseline: dict[str, Any] | None = None, engine: str = "sglang") -> "SearchSpace":
-        """Every knob with search values, at those values; parallel degrees at the choices that fit ``gpus``."""
+    def full(cls, gpus: int, baseline: dict[str, Any] | None = None, engine: str = "sglang",
+             traits: frozenset[str] = frozenset()) -> "SearchSpace":
+        """Every knob with search values, at those values; parallel degrees at the choices that fit ``gpus``; a
+        model-specific knob (``Knob.model_trait``) only when the model has its trait (``traits``: ``ModelCard.traits``)."""
         base = baseline or {}
         out: dict[str, tuple] = {}
         for name, k in knobs_for(engine).items():
+            if k.model_trait is not None and k.model_trait not in traits:
+                continue
             if name in PARALLEL_KNOBS:
                 vals = tuple(v for v in (k.choices or ()) if v <= gpus)
             else:

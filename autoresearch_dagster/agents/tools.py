@@ -30,7 +30,8 @@ def knob_reference(direction: str | None = None, engine: str = "sglang") -> list
         out.append({"knob": k.name, "flag": k.flag, "type": k.type.__name__, "default": k.default,
                     "direction": k.direction, "choices": list(k.choices) if k.choices else None,
                     "low": k.low, "high": k.high, "search_values": list(k.search_values),
-                    "lossy_values": sorted(str(v) for v, m in k.meanings.items() if m.lossy), "tradeoff": k.tradeoff})
+                    "lossy_values": sorted(str(v) for v, m in k.meanings.items() if m.lossy), "tradeoff": k.tradeoff,
+                    "only_for_models_with": k.model_trait})
     return out
 
 

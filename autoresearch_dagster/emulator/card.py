@@ -85,6 +85,14 @@ class ModelCard:
         ``NSATokenToKVPool``)."""
         return self.index_head_dim + 4.0 if self.index_topk else 0.0
 
+    TRAITS = ("linear_attention",)  # every trait ``traits`` can name
+
+    @property
+    def traits(self) -> frozenset[str]:
+        """What makes model-specific knobs apply (``spec.Knob.model_trait``, a recipe's ``requires.model_trait``):
+        ``linear_attention`` for hybrid models with recurrent-state layers."""
+        return frozenset({"linear_attention"} if self.linear_layers else ())
+
     @property
     def attn_layers(self) -> int:
         """Layers with softmax attention (and a KV cache): all but the linear-attention layers."""

@@ -110,6 +110,15 @@ def model_card(name: str) -> ModelCard:
                         f"or a path to a Hugging Face config.json (./my-model/config.json)") from None
 
 
+def model_traits(name: str) -> frozenset[str]:
+    """``ModelCard.traits`` of a catalog model or config.json path; none for a model the emulator does not know
+    (a real endpoint's model named only by its serving name: its model-specific knobs are then not searched)."""
+    try:
+        return model_card(name).traits
+    except SpecError:
+        return frozenset()
+
+
 def gpu(name: str) -> GPUSpec:
     try:
         return GPUS[name.upper()]

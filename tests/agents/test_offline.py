@@ -58,3 +58,25 @@ def test_the_offline_proposer_is_deterministic_for_a_seed(tmp_path):
     prop = OfflineProposer(Predictor(sur, Corrector()), Guardrails(gpus=1), search_trials=4)
     a, b = prop.propose(_brief(ep, resolved)), prop.propose(_brief(ep, resolved))
     assert [p.model_dump() for p in a.proposals] == [p.model_dump() for p in b.proposals]
+
+
+def test_a_hybrid_models_state_memory_split_is_researched_only_where_it_exists(tmp_path):
+    from autoresearch_dagster.agents.search import SearchSpace
+
+    assert "mamba_full_memory_ratio" in SearchSpace.full(1, {}, traits=frozenset({"linear_attention"})).choices
+    assert "mamba_full_memory_ratio" not in SearchSpace.full(1, {}).choices  # no effect on other models
+    hypotheses = [{"bottleneck": "admission_limit", "score": 0.5, "evidence": ["the batch sits at its cap"]}]
+    tried = {}
+    for model in ("qwen3.5-9b", "llama-3.1-8b"):
+        ep = small_endpoint(model=model)
+        sur = Surrogate(ep, long_prompt_pool(tmp_path / model), capacity=FAST)
+        resolved = resolved_config(EmulatorEngine(ep).deploy({}).server_info())
+        s = OfflineProposer(Predictor(sur, Corrector()), Guardrails(gpus=1), search_trials=2).propose(
+            _brief(ep, resolved, model=model, direction="parallel_admission", hypotheses=hypotheses))
+        assert s.error is None
+        tried[model] = ({r["name"] for r in s.trace["recipes"]},
+                        [t["config"].get("mamba_full_memory_ratio") for t in s.trace["trials"]])
+    recipes, ratios = tried["qwen3.5-9b"]
+    assert "hybrid_state_memory" in recipes and {1.8, 0.45} <= set(ratios)  # double and half of SGLang's 0.9
+    recipes, ratios = tried["llama-3.1-8b"]
+    assert "hybrid_state_memory" not in recipes and set(ratios) == {None}

@@ -35,3 +35,8 @@ def test_extra_recipe_directories_extend_and_bad_recipes_fail(tmp_path):
                                        "explanation: e\nfalsification: f\nmoves:\n  - {page_size: 3}\n")
     with pytest.raises(SpecError, match="unknown bottlenecks"):
         load_recipes([tmp_path])
+    (tmp_path / "bad.yaml").write_text("name: bad\ndirection: speculative\naddresses: [decode_bound_small_batch]\n"
+                                       "requires: {model_trait: sparkly}\n"
+                                       "explanation: e\nfalsification: f\nmoves:\n  - {page_size: 16}\n")
+    with pytest.raises(SpecError, match="unknown model_trait 'sparkly'; known: linear_attention"):
+        load_recipes([tmp_path])
