@@ -15,7 +15,10 @@ Usage:
   python benchmarks/bench_emulator_fidelity.py --no-transfer  # without the calibration-transfer table
 The calibration-transfer table calibrates the factors a load curve pins on each endpoint's ShareGPT run and predicts
 that endpoint's other runs, split into the same workload under other settings (what the campaign's calibrated
-pre-screen does) and other workloads (extrapolation).
+pre-screen does) and other workloads (extrapolation). The engine-gap table sets SGLang against vLLM where one page
+ran both on one setup. The knob-effect table (``benchmarks/data/knob_effects.json``, ``--knobs ''`` skips it)
+sets published one-flag-changed pairs' ratios against the emulator's, with the default factors and calibrated on
+the pair's baseline run: the pre-screen's question.
 Targets (issue 13): median |error| <= 8% and none worse than 25% on the held-out points; >= 1M tokens/CPU-s.
 """
 from __future__ import annotations
@@ -40,6 +43,7 @@ from autoresearch_dagster.emulator.validation import (  # noqa: E402
     PAIR_BAND, engine_pairs, evaluate, fit, load_table, same_traffic, sharegpt_lengths, summary, transfer)
 
 TABLE = Path(__file__).resolve().parent / "data" / "emulator_validation.json"
+KNOB_TABLE = Path(__file__).resolve().parent / "data" / "knob_effects.json"
 # The factors the fit half exercises: GEMM / MoE / fp8 / w8a16 / attention rates (the random-prompt offline runs),
 # weight and KV streaming (ShareGPT offline and closed-loop TPOT), the H100's scales relative to the A100 (the
 # reference GPU: both have runs in the fit half), the fixed and frontend request costs (closed-loop TTFT and
@@ -115,6 +119,35 @@ def print_engine_gap(rows) -> None:
               f"published: no change to the factors both engines share puts both runs within +-25%)")
 
 
+def print_knob_effects(path: Path) -> None:
+    """Published one-flag-changed pairs: the ratio candidate / baseline as printed against the emulator's, with the
+    default factors and after calibrating on the baseline run (``emulator.knob_effects``)."""
+    from autoresearch_dagster.emulator.knob_effects import evaluate_pairs, load_pairs, summarize
+
+    pairs = load_pairs(path)
+    cpu0 = time.process_time()
+    report = evaluate_pairs(pairs)
+    print(f"\nknob effects: {len(pairs)} published pairs (one flag changed) from {path.name}, ratio candidate / "
+          f"baseline ({time.process_time() - cpu0:.0f} CPU-s)")
+    print(f"{'pair':40s} {'change':44s} {'metric':22s} {'published':>9s} {'emulator':>9s} {'calibr.':>8s} "
+          f"{'error':>7s} {'calibr.':>7s}")
+    for r in sorted(report.rows, key=lambda r: (r.pair.round, r.pair.id, r.pair.metrics.index(r.metric))):
+        print(f"{r.pair.id[:40]:40s} {r.pair.change[:44]:44s} {r.metric:22s} {r.published:9.3f} {r.default:9.3f} "
+              f"{r.calibrated:8.3f} {r.default_error:+7.1%} {r.error:+7.1%}")
+    for pid, why in sorted(report.failed.items()):
+        print(f"{pid}: not replayed: {why}")
+    for rnd in sorted({r.pair.round for r in report.rows}):
+        for what, rows in (("primary metric", [r for r in report.rows if r.pair.round == rnd
+                                               and r.metric == r.pair.metrics[0]]),
+                           ("every metric", [r for r in report.rows if r.pair.round == rnd])):
+            s = summarize(rows)
+            print(f"knob effects round {rnd} ({what}): {s['n']} ratios; |ratio error| default median "
+                  f"{s['default_median']:.1%} worst {s['default_worst']:.1%}, calibrated on the baseline median "
+                  f"{s['calibrated_median']:.1%} worst {s['calibrated_worst']:.1%}; direction agrees (published "
+                  f"changes within 5% count as none) {s['default_direction']:.0%} default, "
+                  f"{s['calibrated_direction']:.0%} calibrated")
+
+
 def speed() -> float:
     """Generated tokens per CPU-second on a saturated offline run (4000 ShareGPT-like requests at t=0)."""
     prompts, outs = sharegpt_lengths(4000, 217.0, 201.0, seed=7)
@@ -134,6 +167,7 @@ def main() -> None:
     ap.add_argument("--table", default=str(TABLE))
     ap.add_argument("--fit", action="store_true", help="fit FIT_PARAMS on the fit half and print the factors")
     ap.add_argument("--no-transfer", action="store_true", help="skip the calibration-transfer table (a few minutes)")
+    ap.add_argument("--knobs", default=str(KNOB_TABLE), help="the knob-effect pairs table ('' to skip)")
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()}")
     points = load_table(args.table)
@@ -146,6 +180,8 @@ def main() -> None:
     print_engine_gap(rows)
     if not args.no_transfer:
         print_transfer(points, rows)
+    if args.knobs and Path(args.knobs).exists():
+        print_knob_effects(Path(args.knobs))
     if args.fit:
         res = fit([p for p in points if p.split == "fit"], FIT_PARAMS, eff)
         print(f"fit on the fit points ({res.n_evals} evaluations, {res.message}): "

@@ -156,11 +156,25 @@ def sharegpt_lengths(n: int, mean_in: float, mean_out: float, seed: int = 0) -> 
     return p.astype(int), o.astype(int)
 
 
+def random_lengths(n: int, length: int, total: int | None, rng: np.random.Generator) -> np.ndarray:
+    """A random dataset's lengths: ``length`` each, unless the printed ``total`` says otherwise (more than 5% off
+    ``n x length``): below, uniform in [lo, length] with the printed mean (sglang.bench_serving draws uniformly
+    from ``length x random_range_ratio`` to ``length``, and its default ratio is 0); above, the printed mean each."""
+    if not total or abs(total / (n * length) - 1.0) <= 0.05:
+        return np.full(n, length)
+    mean = total / n
+    if mean > length:
+        return np.full(n, max(1, round(mean)))
+    return rng.integers(max(1, round(2 * mean - length)), length + 1, n)
+
+
 def point_requests(w: Workload, seed: int = 0) -> list[EmuRequest]:
     """The requests a workload sends, in send order (arrival times for ``offline`` / ``rate``)."""
     n = w.num_prompts
     if w.dataset == "random":
-        prompts, outs = np.full(n, w.input_len), np.full(n, w.output_len)
+        rng = np.random.default_rng(seed + 2)
+        prompts = random_lengths(n, w.input_len, w.total_input_tokens, rng)
+        outs = random_lengths(n, w.output_len, w.total_output_tokens, rng)
     else:
         prompts, outs = sharegpt_lengths(n, w.total_input_tokens / n, w.total_output_tokens / n, seed)
     if w.kind == "rate":
