@@ -158,8 +158,11 @@ def sharegpt_lengths(n: int, mean_in: float, mean_out: float, seed: int = 0) -> 
 
 def random_lengths(n: int, length: int, total: int | None, rng: np.random.Generator) -> np.ndarray:
     """A random dataset's lengths: ``length`` each, unless the printed ``total`` says otherwise (more than 5% off
-    ``n x length``): below, uniform in [lo, length] with the printed mean (sglang.bench_serving draws uniformly
-    from ``length x random_range_ratio`` to ``length``, and its default ratio is 0); above, the printed mean each."""
+    ``n x length``): below, uniform in [lo, length] with the printed mean; above, the printed mean each. Below
+    happens when sglang.bench_serving draws lengths uniformly from ``length x random_range_ratio`` to ``length``
+    (its default ratio is 0), and when generations stop at EOS before ``output_len`` (a client run without
+    ``--ignore-eos``: 16 of the table's fixed-length vLLM runs printed 52-94% of the requested output tokens); the
+    uniform shape is a stand-in there, the printed mean is what the replay keeps."""
     if not total or abs(total / (n * length) - 1.0) <= 0.05:
         return np.full(n, length)
     mean = total / n
