@@ -119,12 +119,15 @@ def print_engine_gap(rows) -> None:
               f"published: no change to the factors both engines share puts both runs within +-25%)")
 
 
-def print_knob_effects(path: Path) -> None:
+def print_knob_effects(path: Path, points) -> None:
     """Published one-flag-changed pairs: the ratio candidate / baseline as printed against the emulator's, with the
-    default factors and after calibrating on the baseline run (``emulator.knob_effects``)."""
+    default factors and after calibrating on the baseline run (``emulator.knob_effects``). A pair whose two runs are
+    both points of the main table (same page, same printed value) is marked: its runs' absolute figures were seen."""
     from autoresearch_dagster.emulator.knob_effects import evaluate_pairs, load_pairs, summarize
 
     pairs = load_pairs(path)
+    printed = {(p.url, round(p.value, 2)) for p in points}
+    in_table = {k.id for k in pairs if all((s.url, round(s.value, 2)) in printed for s in (k.baseline, k.candidate))}
     cpu0 = time.process_time()
     report = evaluate_pairs(pairs)
     print(f"\nknob effects: {len(pairs)} published pairs (one flag changed) from {path.name}, ratio candidate / "
@@ -132,14 +135,19 @@ def print_knob_effects(path: Path) -> None:
     print(f"{'pair':40s} {'change':44s} {'metric':22s} {'published':>9s} {'emulator':>9s} {'calibr.':>8s} "
           f"{'error':>7s} {'calibr.':>7s}")
     for r in sorted(report.rows, key=lambda r: (r.pair.round, r.pair.id, r.pair.metrics.index(r.metric))):
+        mark = "  (both runs in the main table)" if r.pair.id in in_table and r.metric == r.pair.metrics[0] else ""
         print(f"{r.pair.id[:40]:40s} {r.pair.change[:44]:44s} {r.metric:22s} {r.published:9.3f} {r.default:9.3f} "
-              f"{r.calibrated:8.3f} {r.default_error:+7.1%} {r.error:+7.1%}")
+              f"{r.calibrated:8.3f} {r.default_error:+7.1%} {r.error:+7.1%}{mark}")
     for pid, why in sorted(report.failed.items()):
         print(f"{pid}: not replayed: {why}")
     for rnd in sorted({r.pair.round for r in report.rows}):
-        for what, rows in (("primary metric", [r for r in report.rows if r.pair.round == rnd
-                                               and r.metric == r.pair.metrics[0]]),
-                           ("every metric", [r for r in report.rows if r.pair.round == rnd])):
+        mine = [r for r in report.rows if r.pair.round == rnd]
+        for what, rows in (("primary metric", [r for r in mine if r.metric == r.pair.metrics[0]]),
+                           ("primary metric, pairs not in the main table",
+                            [r for r in mine if r.metric == r.pair.metrics[0] and r.pair.id not in in_table]),
+                           ("every metric", mine)):
+            if not rows:
+                continue
             s = summarize(rows)
             print(f"knob effects round {rnd} ({what}): {s['n']} ratios; |ratio error| default median "
                   f"{s['default_median']:.1%} worst {s['default_worst']:.1%}, calibrated on the baseline median "
@@ -181,7 +189,7 @@ def main() -> None:
     if not args.no_transfer:
         print_transfer(points, rows)
     if args.knobs and Path(args.knobs).exists():
-        print_knob_effects(Path(args.knobs))
+        print_knob_effects(Path(args.knobs), points)
     if args.fit:
         res = fit([p for p in points if p.split == "fit"], FIT_PARAMS, eff)
         print(f"fit on the fit points ({res.n_evals} evaluations, {res.message}): "

@@ -54,7 +54,10 @@ MODELS_DIR = Path(__file__).parent / "models"
 # benchmark table and sglang-jax issue 1251 agree), glm-5.2 (zai-org--GLM-5.2_config.json; NVIDIA's NVFP4 copy
 # agrees). qwen3.5-9b is assembled from the fields third parties quote from its config.json (cudnn-frontend's
 # benchmark/e2e/_qwen_configs.py among them) in the 27B file's layout; its derived parameter counts match the
-# checkpoint's counted tensors (tests/emulator/test_hf_config.py).
+# checkpoint's counted tensors (tests/emulator/test_hf_config.py). qwen2-7b (Qwen/Qwen2-7B-Instruct, for the
+# knob-effect pairs) is the Qwen2Config transformers printed for that checkpoint in a public issue (the module tree
+# printed beside it has the same shapes: 3584 / 512 / 18944 / 152064); a LLaVA test that writes the checkpoint's
+# config as its backbone agrees field for field.
 MODELS: dict[str, ModelCard] = {d.name: load_card(d / "config.json", name=d.name)
                                 for d in sorted(MODELS_DIR.iterdir()) if (d / "config.json").is_file()}
 

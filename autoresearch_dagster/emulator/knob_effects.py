@@ -36,8 +36,9 @@ PRIMARY = ("output_throughput", "total_token_throughput", "median_tpot_ms", "med
 
 @dataclass(frozen=True)
 class KnobPair:
-    """One published setup run twice: ``baseline`` and ``candidate`` are Points with the same model, GPU, TP,
-    workload and engine, differing in ``config`` (their ``value`` is the primary metric's, ``metrics``' first)."""
+    """One published setup run twice: ``baseline`` and ``candidate`` are Points with the same model, GPU, engine and
+    traffic, differing in ``config`` (and in TP or KV dtype where that is the change; each side's own successful
+    requests and printed totals); their ``value`` is the primary metric's, ``metrics``' first."""
     id: str
     change: str
     baseline: Point
@@ -71,25 +72,32 @@ def _pair(d: dict[str, Any], where: str) -> KnobPair:
                       engine_version=str(d["engine_version"]), model=d["model"], gpu=d["gpu"], tp=int(d["tp"]),
                       weights=d["weights"], kv_dtype=d["kv_dtype"], workload=w, unit="", split="holdout",
                       added=d.get("added"), round=int(d.get("round", 1)), note=d.get("note"))
-        sides = {}
+        sides, own = {}, {}
         for side in ("baseline", "candidate"):
             s = d[side]
             sides[side] = (_config(s.get("config", {}), f"{where}: pair {d['id']!r} {side}"),
                            {k: float(v) for k, v in s["values"].items()})
+            # what one run has of its own: its TP and KV dtype (a TP or KV change), the requests that succeeded
+            # and the totals it printed
+            own[side] = {k: s[k] for k in ("tp", "kv_dtype") if k in s}
+            load = {k: s[k] for k in ("num_prompts", "total_input_tokens", "total_output_tokens") if k in s}
+            if load:
+                own[side]["workload"] = replace(w, **load)
     except (KeyError, TypeError, ValueError) as e:
         raise SpecError(f"{where}: knob pair {d.get('id', '?')!r} is malformed: {e}") from None
     published = {m: (sides["baseline"][1][m], sides["candidate"][1][m]) for m in METRICS
                  if m in sides["baseline"][1] and m in sides["candidate"][1]}
     if not published:
         raise SpecError(f"{where}: knob pair {d['id']!r} has no metric printed for both runs ({', '.join(METRICS)})")
-    if sides["baseline"][0] == sides["candidate"][0]:
-        raise SpecError(f"{where}: knob pair {d['id']!r}: baseline and candidate configs are the same")
     if not d["source_quote"] or not str(d["url"]).startswith("https://"):
         raise SpecError(f"{where}: knob pair {d['id']!r} needs a source URL and the source's own lines")
     first = next(m for m in PRIMARY if m in published)
-    base = Point(id=f"{d['id']}:baseline", config=sides["baseline"][0], metric=first, value=published[first][0],
-                 **common)
-    cand = replace(base, id=f"{d['id']}:candidate", config=sides["candidate"][0], value=published[first][1])
+    base = Point(**{**common, **own["baseline"]}, id=f"{d['id']}:baseline", config=sides["baseline"][0], metric=first,
+                 value=published[first][0])
+    cand = Point(**{**common, **own["candidate"]}, id=f"{d['id']}:candidate", config=sides["candidate"][0],
+                 metric=first, value=published[first][1])
+    if base.config == cand.config and (base.tp, base.kv_dtype) == (cand.tp, cand.kv_dtype):
+        raise SpecError(f"{where}: knob pair {d['id']!r}: baseline and candidate configs are the same")
     return KnobPair(d["id"], str(d.get("change") or ""), base, cand, published, round=int(d.get("round", 1)))
 
 
