@@ -123,7 +123,7 @@ def print_knob_effects(path: Path, points) -> None:
     """Published one-flag-changed pairs: the ratio candidate / baseline as printed against the emulator's, with the
     default factors and after calibrating on the baseline run (``emulator.knob_effects``). A pair whose two runs are
     both points of the main table (same page, same printed value) is marked: its runs' absolute figures were seen."""
-    from autoresearch_dagster.emulator.knob_effects import evaluate_pairs, load_pairs, summarize
+    from autoresearch_dagster.emulator.knob_effects import NOISE, evaluate_pairs, load_pairs, summarize
 
     pairs = load_pairs(path)
     printed = {(p.url, round(p.value, 2)) for p in points}
@@ -145,6 +145,10 @@ def print_knob_effects(path: Path, points) -> None:
         for what, rows in (("primary metric", [r for r in mine if r.metric == r.pair.metrics[0]]),
                            ("primary metric, pairs not in the main table",
                             [r for r in mine if r.metric == r.pair.metrics[0] and r.pair.id not in in_table]),
+                           ("primary metric, published change beyond 5%",
+                            [r for r in mine if r.metric == r.pair.metrics[0] and abs(r.published - 1) > NOISE]),
+                           ("primary metric, published change within 5%",
+                            [r for r in mine if r.metric == r.pair.metrics[0] and abs(r.published - 1) <= NOISE]),
                            ("every metric", mine)):
             if not rows:
                 continue
