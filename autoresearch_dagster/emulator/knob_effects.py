@@ -17,7 +17,6 @@ offline and closed-loop runs. A published change within ``NOISE`` is a "no chang
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from autoresearch_dagster.emulator.cost import Efficiency
-from autoresearch_dagster.emulator.validation import METRICS, Point, Workload, calibrate_on, run_point
+from autoresearch_dagster.emulator.validation import METRICS, Point, Workload, calibrate_on, read_table, run_point
 from autoresearch_dagster.spec import KNOBS, SpecError
 
 NOISE = 0.05  # published changes within +-5% count as "no change" (run-to-run spread of one setup)
@@ -103,11 +102,7 @@ def _pair(d: dict[str, Any], where: str) -> KnobPair:
 
 def load_pairs(path: str | Path) -> list[KnobPair]:
     """The knob pairs of a table file; SpecError (one line) on a malformed pair or a repeated id."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise SpecError(f"knob-effect table {path} cannot be read: {e}") from None
+    data = read_table(path, "knob-effect table")
     pairs = [_pair(d, str(path)) for d in data.get("pairs", [])]
     seen: set[str] = set()
     for p in pairs:

@@ -126,13 +126,17 @@ def _point(d: dict[str, Any], where: str) -> Point:
     return p
 
 
+def read_table(path: str | Path, what: str) -> dict[str, Any]:
+    """A JSON table file's object; SpecError (one line) naming ``what`` when it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecError(f"{what} {path} cannot be read: {e}") from None
+
+
 def load_table(path: str | Path) -> list[Point]:
     """The validation points of a table file; SpecError (one line) on a malformed or mis-split point."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise SpecError(f"validation table {path} cannot be read: {e}") from None
+    data = read_table(path, "validation table")
     points = [_point(d, str(path)) for d in data.get("points", [])]
     ids = [p.id for p in points]
     if len(set(ids)) != len(ids):
