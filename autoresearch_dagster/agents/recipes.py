@@ -5,8 +5,8 @@ the research direction it belongs to, the bottlenecks it addresses (``diagnose.h
 explanation, a falsification, the latency term it should move, and its moves. A move is one
 candidate: knob -> value, where a value may also be relative to the knob's resolved baseline value:
 ``next_up`` / ``next_down`` (the neighbouring search value in the knob table), ``double`` / ``half``
-(clamped to the knob's bounds). ``requires: {min_gpus: N}`` skips a recipe on smaller deployments, ``requires: {model_trait: T}`` on models
-without trait T (``ModelCard.traits``: ``linear_attention``).
+(clamped to the knob's bounds). ``requires: {min_gpus: N}`` skips a recipe on smaller deployments,
+``requires: {model_trait: T}`` on models without trait T (``ModelCard.traits``: ``linear_attention``).
 ``engine: vllm`` makes a recipe's knobs vLLM's (``spec.VLLM_KNOBS``); without it they are SGLang's, and a
 recipe serves only endpoints whose engine reads its table (``spec.knob_table``).
 """

@@ -197,8 +197,10 @@ class CampaignRunner:
                 stored, version, passed = grounding.start_from_store(
                     self.results, self.endpoint.name, engine=c.engine, engine_version=c.engine_version,
                     model=c.model, gpu=c.gpu)
-                for why in passed:
+                for why in passed[:3]:
                     self.say(f"  stored calibration {why}: not started from")
+                if len(passed) > 3:
+                    self.say(f"  ... and {len(passed) - 3} older stored calibrations")
                 if stored:
                     self.state.surrogate.update(efficiency=stored, version=version, start_version=version)
             eff = self.state.surrogate.get("efficiency")

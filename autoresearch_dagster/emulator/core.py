@@ -45,8 +45,8 @@ from typing import Callable
 import numpy as np
 
 from autoresearch_dagster.emulator.catalog import GPUSpec, ModelCard
-from autoresearch_dagster.emulator.cost import (COST_MODEL_VERSION, CostModel, Efficiency, StepCost, cost_model_fingerprint,
-                                               cuda_graph_batch_sizes)
+from autoresearch_dagster.emulator.cost import (COST_MODEL_VERSION, CostModel, Efficiency, StepCost,
+                                               cost_model_fingerprint, cuda_graph_batch_sizes)
 from autoresearch_dagster.emulator.noise import NoiseSettings, NoiseSource
 from autoresearch_dagster.emulator.resolve import Resolved, resolve_config
 from autoresearch_dagster.spec import KNOBS

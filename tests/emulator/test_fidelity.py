@@ -370,3 +370,22 @@ def test_engine_pairs_match_sglang_and_vllm_on_one_setup_and_flag_ratios_no_shar
     best = min(max(abs(k * a100.sglang.predicted / 100 - 1), abs(k * a100.vllm.predicted / 1000 - 1))
                for k in np.geomspace(0.01, 10, 4001))
     assert best > 0.25
+
+
+def test_random_runs_replay_the_lengths_their_client_printed():
+    from autoresearch_dagster.emulator.validation import point_requests
+
+    fixed = Workload(kind="offline", dataset="random", num_prompts=500, input_len=2000, output_len=100,
+                     total_output_tokens=49_000)  # within 5% of 500 x 100: a few early EOS, replayed as asked
+    assert {r.output_tokens for r in point_requests(fixed)} == {100}
+    # sglang.bench_serving's default range ratio 0: lengths uniform in [1, L], so the printed totals are about half
+    uniform = Workload(kind="offline", dataset="random", num_prompts=2000, input_len=1024, output_len=512,
+                       total_input_tokens=2000 * 512, total_output_tokens=2000 * 256)
+    reqs = point_requests(uniform)
+    prompts = np.array([r.prompt_tokens for r in reqs])
+    outs = np.array([r.output_tokens for r in reqs])
+    assert prompts.mean() == pytest.approx(512, rel=0.03) and prompts.max() <= 1024 and prompts.min() >= 1
+    assert outs.mean() == pytest.approx(256, rel=0.03) and outs.max() <= 512 and len(set(outs)) > 100
+    stopped = Workload(kind="offline", dataset="random", num_prompts=500, input_len=4000, output_len=200,
+                       total_output_tokens=52_309)  # EOS without --ignore-eos: about half the asked tokens
+    assert np.mean([r.output_tokens for r in point_requests(stopped)]) == pytest.approx(104.6, rel=0.05)
