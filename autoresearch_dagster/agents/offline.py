@@ -87,9 +87,8 @@ class OfflineProposer:
         self.search_trials, self.batch = search_trials, batch
         self.min_gain, self.confidence = min_gain, confidence
 
-    def _recipes(self, brief: ResearchBrief) -> list[tuple[Recipe, float]]:
+    def _recipes(self, brief: ResearchBrief, traits: frozenset[str]) -> list[tuple[Recipe, float]]:
         scores = {h.get("bottleneck"): float(h.get("score") or 0.0) for h in brief.hypotheses}
-        traits = model_traits(brief.model)
         mine = [r for r in self.recipes if r.direction == brief.direction and brief.gpus >= r.min_gpus
                 and r.engine == knob_table(brief.engine) and (r.model_trait is None or r.model_trait in traits)]
         return sorted(((r, r.relevance(scores)) for r in mine), key=lambda x: (-x[1], x[0].name))
@@ -97,7 +96,8 @@ class OfflineProposer:
     def propose(self, brief: ResearchBrief, tools: Any = None) -> Session:
         base, resolved = dict(brief.baseline_config), dict(brief.resolved_baseline)
         g = self.guardrails
-        recipes = self._recipes(brief)
+        traits = model_traits(brief.model)  # the card's, read once (a config.json path is a file)
+        recipes = self._recipes(brief, traits)
         seeds: list[tuple[dict[str, Any], str]] = []
         origin: dict[str, tuple[Recipe, list[str]]] = {}
         for recipe, _score in recipes:
@@ -114,8 +114,8 @@ class OfflineProposer:
                     seeds.append((cfg, move.label))
         knobs = sorted({k for r, _ in recipes for m in r.moves for k in m}
                        | {k for k, kn in knobs_for(brief.engine).items() if kn.direction == brief.direction})
-        space = SearchSpace.full(brief.gpus, base, brief.engine, model_traits(brief.model)).around(
-            knobs, resolved, max_step=g.justified_step)
+        space = SearchSpace.full(brief.gpus, base, brief.engine, traits).around(knobs, resolved,
+                                                                                max_step=g.justified_step)
         tested = {e.get("candidate_hash") for e in brief.history if e.get("baseline_hash") == brief.baseline_hash}
         tested |= set(brief.tested_configs)
         history = [(e["candidate_config"], float(e["ratio_median"])) for e in brief.history

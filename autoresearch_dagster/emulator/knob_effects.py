@@ -24,9 +24,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.emulator.validation import METRICS, Point, Workload, calibrate_on, read_table, run_point
-from autoresearch_dagster.spec import KNOBS, SpecError
+from autoresearch_dagster.spec import SpecError, validate_server_config
 
 NOISE = 0.05  # published changes within +-5% count as "no change" (run-to-run spread of one setup)
 THROUGHPUT = ("output_throughput", "total_token_throughput")
@@ -43,7 +42,10 @@ class KnobPair:
     baseline: Point
     candidate: Point
     published: dict[str, tuple[float, float]]  # metric -> (baseline, candidate), as printed
-    round: int = 1
+
+    @property
+    def round(self) -> int:
+        return self.baseline.round
 
     @property
     def metrics(self) -> list[str]:
@@ -55,13 +57,13 @@ class KnobPair:
 
 
 def _config(d: Any, where: str) -> dict[str, Any]:
+    """A side's config in the emulator's knob names (``spec.validate_server_config``), the pair named on an error."""
     if not isinstance(d, dict):
         raise SpecError(f"{where}: config must be a mapping of knob -> value")
-    for k, v in d.items():
-        if k not in KNOBS:
-            raise SpecError(f"{where}: unknown knob {k!r} (the emulator's knob names: spec.KNOBS)")
-        KNOBS[k].validate(v)
-    return dict(d)
+    try:
+        return validate_server_config(d)
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
 
 
 def _pair(d: dict[str, Any], where: str) -> KnobPair:
@@ -97,7 +99,7 @@ def _pair(d: dict[str, Any], where: str) -> KnobPair:
                  metric=first, value=published[first][1])
     if base.config == cand.config and (base.tp, base.kv_dtype) == (cand.tp, cand.kv_dtype):
         raise SpecError(f"{where}: knob pair {d['id']!r}: baseline and candidate configs are the same")
-    return KnobPair(d["id"], str(d.get("change") or ""), base, cand, published, round=int(d.get("round", 1)))
+    return KnobPair(d["id"], str(d.get("change") or ""), base, cand, published)
 
 
 def load_pairs(path: str | Path) -> list[KnobPair]:
@@ -153,9 +155,10 @@ def evaluate_pairs(pairs: Iterable[KnobPair], *, calibrate: bool = True) -> Effe
     for pair in pairs:
         try:
             b, c = run_point(pair.baseline), run_point(pair.candidate)
-            eff = (calibrate_on(pair.baseline, default_params(pair.baseline.model), prior_weight=0.1)
-                   if calibrate else Efficiency())
-            cb, cc = (run_point(pair.baseline, eff), run_point(pair.candidate, eff)) if calibrate else (b, c)
+            cb, cc = b, c
+            if calibrate:
+                eff = calibrate_on(pair.baseline, default_params(pair.baseline.model), prior_weight=0.1)
+                cb, cc = run_point(pair.baseline, eff), run_point(pair.candidate, eff)
         except SpecError as e:
             out.failed[pair.id] = str(e)
             continue

@@ -50,7 +50,7 @@ def test_throughput_at_a_finite_rate_is_not_scored_and_bad_pairs_are_refused(tmp
     table.write_text(json.dumps({"pairs": [_pair(workload=rate, values=values)]}))
     assert load_pairs(table)[0].metrics == ["median_tpot_ms"]  # the offered rate, not the server, sets throughput
     for bad, match in ((_pair(cand_cfg={"kv_cache_dtype": "fp9"}), "not allowed"),
-                       (_pair(cand_cfg={"no_such_knob": 1}), "unknown knob 'no_such_knob'"),
+                       (_pair(cand_cfg={"no_such_knob": 1}), "unknown server knob 'no_such_knob'"),
                        (_pair(cand_cfg={}), "configs are the same"),
                        (_pair(values={"baseline": {"output_throughput": 1}, "candidate": {"median_tpot_ms": 1}}),
                         "no metric printed for both runs")):
