@@ -123,10 +123,13 @@ class OfflineProposer:
                    and e.get("candidate_config") is not None]
         metric = recipes[0][0].latency_metric if recipes else "tpot"
 
+        preds: dict[str, dict[str, Any]] = {}  # config hash -> the surrogate's prediction (the interval too)
+
         def objective(configs: list[dict[str, Any]]) -> list[tuple[float | None, str]]:
             out = []
             for cfg, p in zip(configs, self.predictor.predict(base, configs, latency_metric=metric,
                                                               confidence=self.confidence)):
+                preds[config_hash(cfg)] = p
                 problem = static_problem(cfg, brief.gpus, brief.engine)
                 failed = fails_gate(cfg, base, brief.gate_failures)
                 if failed:
@@ -163,6 +166,11 @@ class OfflineProposer:
             chosen.append(t)
             knob_sets.append(ks)
             risks.append(risk)
+        explore = None
+        if not chosen and not measured_in(brief):
+            explore = exploration_pick(ranked, preds, tested | {config_hash(base)}, 1.0 + min_gain)
+            if explore is not None:
+                chosen.append(explore)
         trace = {"proposer": self.name, "direction": brief.direction, "question": brief.question,
                  "recipes": [{"name": r.name, "relevance": s, "addresses": list(r.addresses)} for r, s in recipes],
                  "seeds": [{"label": label, "config_hash": config_hash(c)} for c, label in seeds],
@@ -171,7 +179,10 @@ class OfflineProposer:
                  "surrogate_evaluations": self.predictor.surrogate.evaluations,
                  "calibration": self.predictor.surrogate.calibration,
                  "corrector_residuals": len(self.predictor.corrector.residuals),
-                 "chosen": [config_hash(t.config) for t in chosen]}
+                 "chosen": [config_hash(t.config) for t in chosen],
+                 "exploration": None if explore is None else {
+                     "config_hash": config_hash(explore.config), "point": preds[config_hash(explore.config)]["ratio"],
+                     "upper": preds[config_hash(explore.config)]["high"], "floor": 1.0 + min_gain}}
         proposals = []
         for k, t in enumerate(chosen):
             rec, notes = origin.get(config_hash(t.config), (None, []))
@@ -179,12 +190,14 @@ class OfflineProposer:
                 touched = set(diff(base, t.config, brief.engine))
                 rec = max((r for r, _ in recipes), key=lambda r: len(touched & {x for m in r.moves for x in m}),
                           default=None)
-            proposals.append(self._proposal(brief, t.config, rec, notes, k, source="recipe" if notes or
-                                            config_hash(t.config) in origin else "search"))
+            source = "recipe" if notes or config_hash(t.config) in origin else "search"
+            proposals.append(self._proposal(brief, t.config, rec, notes, k,
+                                            source=EXPLORE if t is explore else source,
+                                            floor=1.0 + min_gain if t is explore else None))
         return Session(proposer=self.name, direction=brief.direction, proposals=proposals, trace=trace)
 
     def _proposal(self, brief: ResearchBrief, config: dict[str, Any], recipe: Recipe | None, notes: list[str],
-                  k: int, *, source: str) -> Proposal:
+                  k: int, *, source: str, floor: float | None = None) -> Proposal:
         base = brief.baseline_config
         delta = diff(base, config, brief.engine)
         metric = recipe.latency_metric if recipe else "tpot"
@@ -209,6 +222,11 @@ class OfflineProposer:
         justification = (f"the surrogate ({self.predictor.surrogate.model_id}) predicts ratio {pred['raw_ratio']:.3f} "
                          f"with {', '.join(f'{n}={delta[n]}' for n in big)}, a step beyond "
                          f"x{self.guardrails.max_numeric_step:g} of the resolved baseline") if big else ""
+        if floor is not None:  # an exploratory experiment: its case is the interval, not the point estimate
+            explanation += (f" Exploration: no experiment of this direction was measured on this baseline; the "
+                            f"point estimate {prediction.capacity_ratio:.3f}x is below the {floor:.3f} floor, but the "
+                            f"{self.confidence:.0%} interval reaches {prediction.ratio_high:.3f}x, so only a "
+                            "measurement can close the direction.")
         lat_text = (f"; {metric.upper()} p99 at the baseline's capacity rate should change by "
                     f"{pred['latency_change']:+.0%}" if pred.get("latency_change") is not None else "")
         falsification = ((recipe.falsification + " ") if recipe else "") + (
@@ -224,3 +242,32 @@ class OfflineProposer:
                         controls=[f"each change alone against the baseline ({', '.join(delta)})"] if len(delta) > 1 else [],
                         follow_ups=[f"if better: the {DIRECTION_NAMES[brief.direction]} knobs around "
                                     f"{', '.join(delta)} at the new limit"] + notes)
+
+
+EXPLORE = "explore"
+
+
+def measured_in(brief: ResearchBrief) -> bool:
+    """Whether an experiment of the brief's direction was measured (has a verdict) on the brief's baseline."""
+    return any(e.get("direction") == brief.direction and e.get("verdict") and e.get("baseline_hash") == brief.baseline_hash
+               for e in brief.history)
+
+
+def exploration_pick(ranked: list[Any], preds: dict[str, dict[str, Any]], excluded: set[str],
+                     floor: float) -> Any | None:
+    """The untested feasible trial with the highest upper interval bound (optimism under uncertainty), or None.
+
+    A direction whose every candidate the surrogate puts below the floor is not closed on the surrogate's word
+    alone while none of its experiments was measured: the candidate whose interval reaches furthest is measured.
+    Its upper bound must reach ``floor`` (a gain the verdict could confirm is inside the interval), else the
+    surrogate is confident there is nothing and the direction closes with that reason.
+    """
+    best, best_hi = None, floor
+    for t in ranked:
+        h = config_hash(t.config)
+        p = preds.get(h)
+        if h in excluded or p is None or not p.get("feasible") or p.get("high") is None:
+            continue
+        if float(p["high"]) >= best_hi:
+            best, best_hi = t, float(p["high"])
+    return best

@@ -259,7 +259,7 @@ def plan_round(inputs: RoundInputs, proposers: list[Any], *, guardrails: Guardra
         return p.prediction.capacity_ratio
 
     supported = [p for p in accepted if p.kind == "control" or p.is_patch or p.source == MEASURED
-                 or predicted(p) >= 1 + margin / 2]
+                 or p.source.startswith("explore") or predicted(p) >= 1 + margin / 2]
     for p in accepted:
         if p not in supported:
             rejected.append({"proposal_id": p.id, "proposer": p.proposer, "direction": p.direction, "kind": p.kind,

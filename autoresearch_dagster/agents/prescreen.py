@@ -8,7 +8,8 @@ is **promising** when that predicted capacity ratio is at least ``1 + gain x mar
 verdict margin times ``prescreen_gain`` (1.0: a predicted gain the verdict could confirm), and the
 emulator finds it feasible. Only promising candidates go to the real engine, best-ordered as
 planned, up to the round's slots; the rest are recorded as screened with the emulator's numbers.
-Controls, rollbacks, engine patches and follow-ups whose change already measured better are exempt:
+Controls, rollbacks, engine patches, exploratory experiments (``agents.offline.exploration_pick``: a direction
+with nothing measured, whose interval reaches the floor) and follow-ups whose change already measured better are exempt:
 their case rests on measurements (or on nothing the emulator models), not on the model.
 """
 from __future__ import annotations
@@ -27,7 +28,8 @@ class Screened:
 
 
 def exempt(p: Any) -> bool:
-    return p.kind == "control" or p.is_patch or p.source in EXEMPT_SOURCES
+    # an exploratory experiment already rests on the calibrated interval, not the point estimate
+    return p.kind == "control" or p.is_patch or p.source in EXEMPT_SOURCES or p.source.startswith("explore")
 
 
 def prescreen(proposals: list[Any], predictor: Any, base_config: dict[str, Any], *, margin: float, gain: float,

@@ -25,6 +25,8 @@ re-diagnosing. A failed correctness gate is a verdict (invalid: correctness) and
 """
 from __future__ import annotations
 
+import math
+
 import datetime as dt
 import hashlib
 import json
@@ -300,6 +302,13 @@ class CampaignRunner:
         self._add_control_runs(valid)
         gpu_s = float(sum(r.gpu_seconds for r in noise.runs))
         self.state.spent["gpu_seconds"] += gpu_s
+        if not noise.floor.median > 0 or not math.isfinite(noise.capacity_cv):
+            # no rate met the SLA: a capacity ratio against zero means nothing, so no verdict can be reached
+            what = "the baseline" if era.index == 0 else f"the promoted config of {era.source_experiment_id}"
+            self.state.open_questions.append(
+                f"{what} ({era.config_hash}) met the SLA {self.state.sla} at no measured rate (median capacity "
+                f"{noise.floor.median:g} req/s over {len(noise.capacities)} runs): loosen the SLA or fix the config")
+            return self._end(f"{what} meets the SLA at no measured rate")
         margin = stats.decision_margin(noise.capacity_cv, self.budget(),
                                        min_margin=self.harness().min_margin)
         median_run = min(valid, key=lambda r: abs((r.value("capacity_interp_rps") or 0) - noise.floor.median))
