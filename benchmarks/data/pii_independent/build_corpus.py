@@ -642,7 +642,7 @@ def dob_iso() -> str:
 # --------------------------------------------------------------------------------------------
 def neg_version() -> str:
     return R.choice([f"v{R.randint(0, 9)}.{R.randint(0, 30)}.{R.randint(0, 99)}", f"{R.randint(1, 3)}.{R.randint(0, 12)}.{R.randint(0, 40)}-rc{R.randint(1, 5)}",
-                     f"10.{R.randint(0, 9)}.{R.randint(0, 99)}.{R.randint(0, 9999)}", f"{R.randint(2019, 2026)}.{R.randint(1, 12)}.{R.randint(1, 9)}"])
+                     f"10.{R.randint(0, 9)}.{R.randint(0, 99)}.{R.randint(256, 9999)}", f"{R.randint(2019, 2026)}.{R.randint(1, 12)}.{R.randint(1, 9)}"])
 
 
 def neg_sha() -> str:
