@@ -7,7 +7,8 @@ checksum exists (Luhn for cards, ISO 13616 mod-97 for IBANs, the 11-test for Dut
 letter for Spanish ids).
 
 Run from the repository root:  python benchmarks/data/pii_independent/build_corpus.py
-The output is deterministic (fixed seed). The split is by sha256(id): first byte even -> "dev".
+The output is deterministic (fixed seed). The split is by template: sha256("template-<index>") for corpus
+records (a template's wording lives in one half only), sha256(id) for hard cases; first byte even -> "dev".
 """
 
 from __future__ import annotations
@@ -1104,7 +1105,7 @@ def main() -> None:
     with open(HERE / "hard_cases.jsonl", "w", encoding="utf-8") as f:
         for r in hard:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    split = {r["id"]: split_of(r["id"]) for r in recs + hard}
+    split = {r["id"]: split_of(f"template-{r['template']}" if "template" in r else r["id"]) for r in recs + hard}
     with open(HERE / "split.json", "w", encoding="utf-8") as f:
         json.dump(split, f, indent=0, sort_keys=True)
         f.write("\n")
