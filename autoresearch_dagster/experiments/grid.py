@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autoresearch_dagster.outputs.files import write_json
+from autoresearch_dagster.workers import pool_initializer
 from autoresearch_dagster.spec import KNOBS, EndpointSpec, SpecError, is_lossy, knob, validate_server_config
 
 
@@ -162,8 +163,8 @@ def run_grid(endpoint: EndpointSpec, pool_path: str | Path, *, grid: dict[str, t
     else:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(max_workers=s.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                                 initargs=(endpoint.model_dump_json(), str(pool_path))) as ex:
+        with ProcessPoolExecutor(max_workers=s.workers, mp_context=mp.get_context("spawn"),
+                                 **pool_initializer(_init_worker, (endpoint.model_dump_json(), str(pool_path)))) as ex:
             futures = [ex.submit(_capacity, cfg, s) for cfg in todo]
             for i, f in enumerate(futures):
                 results.append(f.result())

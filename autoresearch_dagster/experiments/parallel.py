@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from autoresearch_dagster.spec import EndpointSpec
+from autoresearch_dagster.workers import pool_initializer
 
 _POOLS: dict[int, ProcessPoolExecutor] = {}
 _LOCK = threading.Lock()
@@ -49,7 +50,7 @@ def _executor(workers: int) -> ProcessPoolExecutor:
     with _LOCK:
         ex = _POOLS.get(workers)
         if ex is None:
-            ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+            ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), **pool_initializer())
             _POOLS[workers] = ex
         return ex
 

@@ -320,6 +320,9 @@ def _run_loop(coro_factory):
 
 def _worker_main(conn, base_url, headers, jobs, settings, step_id, timeout_s, scrape) -> None:
     """Worker process: build the session, report ready, wait for the shared start time, run."""
+    from autoresearch_dagster.workers import watch_parent
+
+    watch_parent(os.getppid())  # a killed runner takes its load generators with it
     try:
         ex = _Executor(base_url, headers, jobs, settings, step_id=step_id, timeout_s=timeout_s, scrape=scrape)
 

@@ -34,6 +34,7 @@ from autoresearch_dagster.logs import (MOONCAKE_BLOCK_TOKENS, LogRecord, LogSour
 from autoresearch_dagster.pool.schema import (POOL_SCHEMA, SPLIT_TRAINING_PERCENT, PoolWriter, assemble_trace_text,
                                               block_text_for, mix64_np, split_for)
 from autoresearch_dagster.pool.chat import CHAT_BLOCK_TOKENS, init_worker, process_chat_batch
+from autoresearch_dagster.workers import pool_initializer
 from autoresearch_dagster.pool.production import PRODUCTION_FILE, ProductionLog
 from autoresearch_dagster.pool.redact import KEY_ENV
 from autoresearch_dagster.pool.workload import WorkloadStats
@@ -80,7 +81,7 @@ def _chat_results(sources: list[LogSource], key: bytes, tokenizer_path: str | No
     # travels by fork or by pipe, never to disk.
     single_threaded = sys.platform == "linux" and threading.active_count() == 1
     ctx = multiprocessing.get_context("fork" if single_threaded else "spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(key, tokenizer_path)) as ex:
+    with ProcessPoolExecutor(workers, mp_context=ctx, **pool_initializer(init_worker, (key, tokenizer_path))) as ex:
         pending: deque = deque()
         for src in sources:
             for batch in _batches(src, max_records, n_read, 1024):
