@@ -349,6 +349,12 @@ def _load_nlp():
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_FIRST_WORD = re.compile(r"[ \t\"'(\[{-]*([A-ZÀ-Þ][a-zà-ÿ'’]+)")
+
+
+def _opens_with_name(text: str, start: int, end: int) -> bool:
+    m = _FIRST_WORD.match(text, start, end)
+    return m is not None and m.group(1) in first_names()
 
 
 def _ner_segments(text: str) -> list[tuple[int, int]]:
@@ -357,7 +363,7 @@ def _ner_segments(text: str) -> list[tuple[int, int]]:
     start = 0
     for m in [*_SENTENCE_END.finditer(text), None]:
         end = m.start() if m is not None else len(text)
-        if end > start and _NER_GATE.search(text, start, end) is not None:
+        if end > start and (_NER_GATE.search(text, start, end) is not None or _opens_with_name(text, start, end)):
             if out and out[-1][1] >= start - 2:
                 out[-1] = (out[-1][0], end)
             else:
@@ -368,15 +374,21 @@ def _ner_segments(text: str) -> list[tuple[int, int]]:
 
 
 def ner_spans(text: str) -> list[Span]:
-    segments = _ner_segments(text)
-    if not segments:
-        return []
+    return ner_spans_many([text])[0]
+
+
+def ner_spans_many(texts: list[str], batch_size: int = 256) -> list[list[Span]]:
+    """NER spans of each text; the sentences of all texts go through the model in batches."""
+    jobs = [(i, a, b) for i, t in enumerate(texts) for a, b in _ner_segments(t)]
+    out: list[list[Span]] = [[] for _ in texts]
+    if not jobs:
+        return out
     nlp = _load_nlp()
     # organisations are not personal data, and company names fill system prompts: opt-in only
     orgs = os.environ.get(ORGS_ENV, "0") == "1"
-    out: list[Span] = []
-    for (s0, _), doc in zip(segments, nlp.pipe(text[a:b] for a, b in segments)):
-        out.extend(_entities(text, doc, s0, orgs))
+    docs = nlp.pipe((texts[i][a:b] for i, a, b in jobs), batch_size=batch_size)
+    for (i, a, _), doc in zip(jobs, docs):
+        out[i].extend(_entities(texts[i], doc, a, orgs))
     return out
 
 
@@ -399,4 +411,212 @@ def _entities(text: str, doc, offset: int, orgs: bool) -> list[Span]:
         v = text[a:b]
         if b > a and v[:1].isupper() and not (v.isupper() and len(v) <= 5):  # "ref", "IBAN", "DOB" are not names
             out.append((a, b, kind, text[a:b]))
+    return out
+
+
+# --- context from the chat structure ----------------------------------------------------------------
+# Field names of tool-call JSON, form-like "Key: value" lines and keyword arguments in code say what a
+# value is, whatever the value looks like: {"name": "Bill Hope"}, phone="0412 889 301", Address: ...
+_FIELD_KINDS = {
+    "person": ("name", "full_name", "fullname", "first_name", "firstname", "last_name", "lastname", "surname",
+               "given_name", "family_name", "middle_name", "display_name", "customer", "customer_name", "contact",
+               "contact_name", "recipient", "recipient_name", "sender", "sender_name", "author", "assignee",
+               "reviewer", "requester", "reporter", "patient", "patient_name", "employee", "employee_name",
+               "passenger", "passenger_name", "holder", "account_holder", "cardholder", "card_holder",
+               "beneficiary", "signed_by", "attn", "attention", "guest", "guest_name", "client", "client_name",
+               "user_name", "nombre", "nom", "vorname", "nachname", "nome", "cognome", "naam"),
+    "address": ("address", "addr", "street", "street_address", "address_line", "address_line1", "address_line2",
+                "address1", "address2", "line1", "line2", "shipping_address", "billing_address", "home_address",
+                "delivery_address", "mailing_address", "postal_address", "ship_to", "deliver_to", "adresse",
+                "anschrift", "direccion", "dirección", "indirizzo", "endereço", "endereco", "adres"),
+    "phone": ("phone", "phone_number", "phonenumber", "tel", "telephone", "mobile", "mobile_number", "cell",
+              "cellphone", "fax", "contact_number", "whatsapp", "msisdn", "telefon", "telefono", "teléfono",
+              "téléphone", "telefone", "handy", "portable"),
+    "dob": ("dob", "date_of_birth", "birthdate", "birth_date", "birthday", "geburtsdatum"),
+    "passport": ("passport", "passport_no", "passport_number", "passport_id"),
+    "national_id": ("ssn", "social_security_number", "national_id", "nin", "nino", "tax_id", "taxid", "nif",
+                    "dni", "cpf", "bsn", "sin", "tfn", "aadhaar", "id_number"),
+}
+_FIELD_OF = {k.replace("_", ""): kind for kind, keys in _FIELD_KINDS.items() for k in keys}
+_FIELD = re.compile(r"""(?ix)(?<![\w-])["']?([a-zà-ÿ][\w -]{1,30}?)["']?[ \t]*(?:[:=]|=>)[ \t]*
+                        (?:"((?:[^"\\\n]|\\.){1,200})"|'([^'\n]{1,200})'|(?<![\w"'])([^\s"'{}\[\],][^\n"{}\[\]]{0,120}))""")
+_NAMEISH = re.compile(r"^[A-ZÀ-Þ][\w'’.-]*(?:[ \t]+(?:(?:da|de|del|der|van|von|di|du|le|la|bin|al|el)[ \t]+)?"
+                      r"[A-ZÀ-Þ][\w'’.-]*){0,3}$")
+
+
+def _field_kind(key: str) -> str | None:
+    k = re.sub(r"[\s_-]+", "", key.lower())
+    return _FIELD_OF.get(k) or (_FIELD_OF.get(k[:-4]) if k.endswith("name") and len(k) > 4 else None)
+
+
+def field_spans(text: str) -> list[Span]:
+    """Values of person/address/phone/id fields in JSON, code and "Key: value" lines."""
+    if ":" not in text and "=" not in text:
+        return []
+    out: list[Span] = []
+    for m in _FIELD.finditer(text):
+        kind = _field_kind(m.group(1))
+        if kind is None:
+            continue
+        g = 2 if m.group(2) is not None else 3 if m.group(3) is not None else 4
+        a, b = m.span(g)
+        v = text[a:b]
+        if g == 4:  # unquoted: up to the end of the line, a comma before another key, or a sentence end
+            cut = re.search(r",[ \t]*[\"']?\w+[\"']?[ \t]*[:=]|[ \t]+(?:and|or|but)[ \t]|[.;!?](?:\s|$)|[ \t]{2,}", v)
+            if cut is not None:
+                v = v[:cut.start()]
+            v = v.rstrip(" \t,.;)")
+            b = a + len(v)
+        if not v.strip() or v.strip().lower() in ("null", "none", "true", "false", "n/a", "-", "string", "object"):
+            continue
+        if kind == "person":
+            v2 = v.strip()
+            if not _NAMEISH.match(v2) or v2.lower() in _NOT_NAMES:
+                continue  # "name": "get_weather" is a tool, not a person
+        elif kind == "phone" and sum(c.isdigit() for c in v) < 5:
+            continue
+        elif kind in ("dob", "passport", "national_id") and sum(c.isdigit() for c in v) < 2:
+            continue
+        out.append((a, b, kind, v.lower()))
+    return out
+
+
+# Words that open a greeting or follow a sign-off but are not names.
+_NOT_NAMES = frozenset("""team all everyone everybody there folks guys sir madam support again friends both you
+again thanks thank regards cheers best sincerely yours hello hi hey dear ok okay sorry please welcome
+morning afternoon evening night customer user agent admin assistant bot system manager staff
+""".split())
+_GREET = (r"(?:Hi|Hello|Hey|Dear|Hiya|Morning|Hallo|Moin|Servus|Bonjour|Salut|Coucou|Hola|Buenos días|Buenas|Ciao|"
+          r"Salve|Buongiorno|Olá|Oi|Bom dia|Hoi|Goedemorgen|Beste|Liebe|Lieber|Sehr geehrte[rs]?|Cher|Chère|"
+          r"Estimad[oa]|Querid[oa]|Gentile|Car[oa]|Prezad[oa])")
+_SIGNOFF = (r"(?:Regards|Best regards|Kind regards|Warm regards|Many thanks|Thanks(?: again| a lot)?|Thank you|"
+            r"Cheers|Best(?: wishes)?|All the best|Sincerely|Yours(?: sincerely| truly| faithfully)?|Take care|"
+            r"Talk soon|BR|Rgds|Ta|Grüße|Viele Grüße|Beste Grüße|Liebe Grüße|Mit freundlichen Grüßen|LG|MfG|"
+            r"Cordialement|Bien à vous|Amitiés|Bisous|Merci|Saludos|Un saludo|Atentamente|Gracias|Cordiali saluti|"
+            r"Distinti saluti|Saluti|Grazie|Atenciosamente|Abraços|Obrigad[oa]|Met vriendelijke groet(?:en)?|"
+            r"Groetjes|Groeten|Bedankt)")
+_NAME_WORDS = (r"((?:[A-ZÀ-Þ]\.|[A-ZÀ-Þ][\w'’-]+)(?:[ \t]+(?:(?:da|de|del|der|van|von|di|du|le|la|bin|al|el)[ \t]+)?"
+               r"(?:[A-ZÀ-Þ]\.|[A-ZÀ-Þ][\w'’-]+)){0,3})")
+_CUE_RULES = (
+    # a greeting's addressee: "Hi Dawn," / "Hola Marisol!" / "Dear Mr Osei"
+    re.compile(rf"(?<![\w])(?i:{_GREET})[ \t]+(?:(?:Mr|Mrs|Ms|Dr|Herr|Frau|Sr|Sra|M|Mme)\.?[ \t]+)?{_NAME_WORDS}"
+               rf"(?=[ \t]*(?:[,!:;.\n—-]|$))"),
+    # a sign-off's signer, on the next line or after a comma: "Regards,\nGrace Mbeki" / "Thanks, Ana"
+    re.compile(rf"(?<![\w])(?i:{_SIGNOFF})[ \t]*[,!.]*[ \t]*(?:\r?\n[ \t]*(?:[-–—~]+[ \t]*)?|[ \t]*[-–—][ \t]*|(?<=,)[ \t]*)"
+               rf"{_NAME_WORDS}(?=[ \t]*(?:\r?\n|$|[,(|<]))"),
+    # a signature delimiter: "--\nAna" / "— Ana"
+    re.compile(rf"(?m)^[ \t]*(?:--|—|–)[ \t]*\r?\n?[ \t]*{_NAME_WORDS}[ \t]*$"),
+    # introductions: "my name is X", "I'm X", "this is X", "je m'appelle X", "ich heiße X", "me llamo X"
+    re.compile(r"(?<![\w])(?i:my name is|my name's|name is|i am|i'm|im|this is|call me|it's|signed|"
+               r"je m'appelle|je suis|mon nom est|ich heiße|ich heisse|ich bin|mein name ist|me llamo|mi nombre es|"
+               r"soy|mi chiamo|sono|il mio nome è|meu nome é|me chamo|sou|ik ben|mijn naam is|ik heet)"
+               rf"[ \t]+{_NAME_WORDS}(?=[ \t]*(?:[,!:;.\n)(—-]|$|[ \t]+(?i:from|here|and|with|at|of|speaking|"
+               r"calling|again|von|de|di|van|aquí|ici|qui|hier)\b))"),
+    # "Ana here" / "Ana speaking"
+    re.compile(rf"(?:^|(?<=[\n.!?,]))[ \t]*{_NAME_WORDS}[ \t]+(?:here|speaking|aquí|ici|qui|hier)\b"),
+    # honorifics: "Mr Osei", "Frau Keller", "Sra. Ortega", "Dott.ssa Bianchi"
+    re.compile(r"(?<![\w])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Madam|Mme|Mlle|Herr|Frau|Sr|Sra|Srta|Sig|Sig\.ra|Dott|"
+               r"Dott\.ssa|Dra|Dhr|Mevr|Señor|Señora|Signor|Signora|Monsieur|Madame)\.?[ \t]+"
+               r"([A-ZÀ-Þ][\w'’-]+(?:[ \t]+(?:(?:da|de|del|der|van|von|di|du|le|la)[ \t]+)?[A-ZÀ-Þ][\w'’-]+){0,2})"),
+    # an addressee or author in a code review or ticket: "cc Priya", "assigned to Tomás Ruiz", "@-less mentions"
+    re.compile(r"(?<![\w])(?i:cc:?|attn:?|assigned to|reviewed by|authored by|reported by|approved by|signed off by|"
+               r"co-authored-by:|thanks to|ask|ping|per|owner:|reviewer:|assignee:)[ \t]+"
+               r"([A-ZÀ-Þ][\w'’-]+(?:[ \t]+[A-ZÀ-Þ][\w'’-]+){0,2})"),
+)
+
+
+def cue_person_spans(text: str) -> list[Span]:
+    """Names at the places a chat puts them: a greeting's addressee, a sign-off's signer, an
+    introduction, an honorific, a reviewer or assignee in a ticket."""
+    out: list[Span] = []
+    for rx in _CUE_RULES:
+        for m in rx.finditer(text):
+            a, b = m.span(1)
+            v = text[a:b].rstrip(".")
+            words = v.split()
+            while words and words[0].lower() in _NOT_NAMES:
+                words.pop(0)
+            if not words or words[-1].lower() in _NOT_NAMES or all(w.lower() in _STOP for w in words):
+                continue
+            a = a + text[a:b].index(words[0])
+            b = a + len(" ".join(words)) if " ".join(words) == text[a:a + len(" ".join(words))] else a + len(words[0])
+            out.append((a, b, "person", text[a:b]))
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _stop_words() -> frozenset[str]:
+    from spacy.lang.en.stop_words import STOP_WORDS
+    return frozenset(STOP_WORDS)
+
+
+class _Stop:
+    def __contains__(self, w: str) -> bool:
+        return w in _stop_words()
+
+
+_STOP = _Stop()
+
+# Address shapes without a street-type word: "14 Larkfield, Kilkenny", "Flat 2, 9 Orchard Rise",
+# a postcode and a town ("10117 Berlin", "D02 X285 Dublin", "SW1A 1AA"), and whatever follows an
+# address cue ("I live at ...", "ship to ...", "Lieferadresse ...").
+_CAPW = r"[A-ZÀ-Þ][\w'’-]*"
+_POSTCODE = (r"(?:[A-Z]{1,2}\d[A-Z\d]?[ \t]?\d[A-Z]{2}|[A-Z]\d{2}[ \t]?[A-Z\d]{4}|\d{4}[ \t]?[A-Z]{2}|\d{2}-\d{3}|"
+             r"\d{4,5}(?:-\d{4})?)")
+_ADDR_SHAPES = (
+    re.compile(rf"(?<![\w/.,-])\d{{1,5}}[A-Za-z]?(?:[/-]\d{{1,4}})?,?[ \t]+(?:{_CAPW}[ \t]+){{0,3}}{_CAPW}"
+               rf"(?:,[ \t]*(?:{_POSTCODE}[ \t]+)?{_CAPW}(?:[ \t]+{_CAPW})?(?:[ \t]+{_POSTCODE})?)"),
+    re.compile(rf"(?<![\w/.-])(?:{_POSTCODE})[ \t]+{_CAPW}(?:[ \t]+{_CAPW})?(?=[ \t]*(?:[,.;)\n]|$))"),
+    re.compile(rf"\b{_CAPW}(?:[ \t]+{_CAPW}){{0,2}},[ \t]*[A-Z]{{2}}[ \t]+\d{{5}}(?:-\d{{4}})?\b"),
+)
+_ADDR_CUE = re.compile(r"(?i)(?<![\w])(?:i live at|we live at|lives at|living at|live on|moved to|move to|"
+                       r"ship(?:ped)? (?:it |them )?to|send (?:it |them )?to|deliver(?:ed)? (?:it )?to|"
+                       r"delivery to|address is|address:|located at|based at|registered at|pick(?:ed)? up (?:at|from)|"
+                       r"adresse\s*:?|j'habite(?: au| à)?|ich wohne(?: in der| in| am)?|wohnhaft in|vivo en|"
+                       r"mi dirección es|dirección:|abito in|indirizzo:|moro na|moro em|endereço:|ik woon(?: aan| op| in)?)"
+                       r"[ \t]*:?[ \t]*")
+_ADDR_CUE_VALUE = re.compile(rf"(?:the[ \t]+)?((?:(?:Flat|Apt|Unit|Suite|Apartment)\.?[ \t]*\w+,?[ \t]+)?"
+                             rf"(?:\d{{1,5}}[A-Za-z]?,?[ \t]+)?{_CAPW}(?:[ \t,]+(?:{_CAPW}|\d{{1,5}}[A-Za-z]?|{_POSTCODE}|"
+                             rf"(?:de|del|la|le|du|des|di|da|do|van|der|am|an|im)(?=[ \t]+[A-ZÀ-Þ]))){{0,8}})")
+
+
+def address_context_spans(text: str) -> list[Span]:
+    out: list[Span] = []
+    if any(c.isdigit() for c in text):
+        for rx in _ADDR_SHAPES:
+            for m in rx.finditer(text):
+                v = m.group().rstrip(" ,.")
+                out.append((m.start(), m.start() + len(v), "address", v.lower()))
+    for m in _ADDR_CUE.finditer(text):
+        v = _ADDR_CUE_VALUE.match(text, m.end())
+        if v is not None:
+            val = v.group(1).rstrip(" ,.")
+            if val.lower() not in _STOP:
+                out.append((v.start(1), v.start(1) + len(val), "address", val.lower()))
+    return out
+
+
+def context_spans(text: str) -> list[Span]:
+    """Every structure- and cue-anchored detection: fields, name cues, address shapes and cues."""
+    return field_spans(text) + cue_person_spans(text) + address_context_spans(text)
+
+
+_ADDR_TAIL = re.compile(rf"(?:,?[ \t]+(?:{_POSTCODE})|,[ \t]*(?:{_POSTCODE}[ \t]+)?{_CAPW}(?:[ \t]+{_CAPW})?)")
+
+
+def extend_addresses(text: str, spans: list[Span]) -> list[Span]:
+    """An address runs on through the postcode and town after it ("..., Kilkenny", "..., 10117 Berlin"):
+    each address span is extended over up to three such parts."""
+    out = []
+    for s in spans:
+        if s[2] == "address":
+            b = s[1]
+            for _ in range(3):
+                m = _ADDR_TAIL.match(text, b)
+                if m is None or "\n" in m.group():
+                    break
+                b = m.end()
+            if b != s[1]:
+                s = (s[0], b, "address", text[s[0]:b].lower())
+        out.append(s)
     return out
