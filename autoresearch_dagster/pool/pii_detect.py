@@ -562,10 +562,10 @@ _STOP = _Stop()
 # address cue ("I live at ...", "ship to ...", "Lieferadresse ...").
 _CAPW = r"[A-ZÀ-Þ][\w'’-]*"
 _POSTCODE = (r"(?:[A-Z]{1,2}\d[A-Z\d]?[ \t]?\d[A-Z]{2}|[A-Z]\d{2}[ \t]?[A-Z\d]{4}|\d{4}[ \t]?[A-Z]{2}|\d{2}-\d{3}|"
-             r"\d{4,5}(?:-\d{4})?)")
+             r"\d{4,5}(?:-\d{4})?)(?![\w-])")
 _ADDR_SHAPES = (
     re.compile(rf"(?<![\w/.,-])\d{{1,5}}[A-Za-z]?(?:[/-]\d{{1,4}})?,?[ \t]+(?:{_CAPW}[ \t]+){{0,3}}{_CAPW}"
-               rf"(?:,[ \t]*(?:{_POSTCODE}[ \t]+)?{_CAPW}(?:[ \t]+{_CAPW})?(?:[ \t]+{_POSTCODE})?)"),
+               rf"(?:,[ \t]*(?:{_POSTCODE}[ \t]+)?{_CAPW}(?:[ \t]+(?:{_POSTCODE}|{_CAPW})){{0,2}})"),
     re.compile(rf"(?<![\w/.-])(?:{_POSTCODE})[ \t]+{_CAPW}(?:[ \t]+{_CAPW})?(?=[ \t]*(?:[,.;)\n]|$))"),
     re.compile(rf"\b{_CAPW}(?:[ \t]+{_CAPW}){{0,2}},[ \t]*[A-Z]{{2}}[ \t]+\d{{5}}(?:-\d{{4}})?\b"),
 )
@@ -601,7 +601,7 @@ def context_spans(text: str) -> list[Span]:
     return field_spans(text) + cue_person_spans(text) + address_context_spans(text)
 
 
-_ADDR_TAIL = re.compile(rf"(?:,?[ \t]+(?:{_POSTCODE})|,[ \t]*(?:{_POSTCODE}[ \t]+)?{_CAPW}(?:[ \t]+{_CAPW})?)")
+_ADDR_TAIL = re.compile(rf"(?:,?[ \t]+(?:{_POSTCODE})|,[ \t]*(?:{_POSTCODE}[ \t]+)?{_CAPW}(?:[ \t]+(?:{_POSTCODE}|{_CAPW}))?)")
 
 
 def extend_addresses(text: str, spans: list[Span]) -> list[Span]:

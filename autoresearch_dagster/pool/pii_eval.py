@@ -304,6 +304,8 @@ class Score:
     leaks: dict[str, list[str]] = field(default_factory=dict)
     detected: int = 0
     false_spans: int = 0
+    # every leak: (kind, the sample's text, start, end), so a report can show it in its context
+    leak_sites: list[tuple[str, str, int, int]] = field(default_factory=list)
 
     def recall(self, kind: str) -> float | None:
         return self.caught.get(kind, 0) / self.total[kind] if self.total.get(kind) else None
@@ -332,6 +334,7 @@ def score(samples: Iterable[Sample], detect: Callable[[str], list[tuple[int, int
                 sc.caught[kind] = sc.caught.get(kind, 0) + 1
             else:
                 sc.leaks.setdefault(kind, []).append(s.text[a:b])
+                sc.leak_sites.append((kind, s.text, a, b))
             if hit:
                 sc.touched[kind] = sc.touched.get(kind, 0) + 1
         for a, b in spans:
