@@ -119,7 +119,7 @@ _MAPPED_V4 = re.compile(r"(?i)(?<![\w:])::ffff:(?:\d{1,3}\.){3}\d{1,3}(?![\w.])"
 _BEARER = re.compile(r"\b[Bb]earer\s+([A-Za-z0-9._~+/-]{12,}=*)")
 _KV_SECRET = re.compile(r"(?i)(?:\b|_)(?:[a-z0-9]+_)*(?:token|api[_-]?key|secret(?:[_-]?(?:access[_-]?)?key)?|access[_-]?token|auth[_-]?token|"
                         r"client[_-]?secret|private[_-]?key|password|passwd|passphrase|pwd|pass)"
-                        r"[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?([^\s\"',;]{6,})")
+                        r"[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?([^\s\"',;`]{6,})")
 _PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----")
 _KEEP_PREFIX = re.compile(r"^(?:sk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?|AKIA|ASIA|gh[pousr]_|github_pat_|"
                           r"xox[abposr]-|eyJ|AIza|(?:sk|rk|pk)_(?:live|test)_)")
