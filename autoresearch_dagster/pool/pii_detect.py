@@ -366,13 +366,29 @@ def _opens_with_name(text: str, start: int, end: int) -> bool:
     return m is not None and m.group(1) in first_names()
 
 
-def _ner_segments(text: str) -> list[tuple[int, int]]:
-    """The sentences (merged when adjacent) where a name can be: NER runs on these only."""
+def _open_capital(text: str, start: int, end: int, covered: bytearray) -> bool:
+    """A capitalised word of text[start:end] that no other detector covered, the sentence's first
+    word aside unless it is a first name: what is left for the model to find."""
+    for w in _CAP_WORD.finditer(text, start, end):
+        a, b = w.span()
+        if all(covered[a:b]):
+            continue
+        if text[start:a].strip(" \t\"'([{-") == "" and w.group() not in first_names():
+            continue
+        return True
+    return False
+
+
+def _ner_segments(text: str, covered: bytearray | None = None) -> list[tuple[int, int]]:
+    """The sentences (merged when adjacent) where a name can be: NER runs on these only. With
+    ``covered`` (a flag per character that another detector already redacts), a sentence whose every
+    capitalised word is covered is skipped: the model would find nothing that is not gone already."""
     out: list[tuple[int, int]] = []
     start = 0
     for m in [*_SENTENCE_END.finditer(text), None]:
         end = m.start() if m is not None else len(text)
-        if end > start and (_NER_GATE.search(text, start, end) is not None or _opens_with_name(text, start, end)):
+        if end > start and (_NER_GATE.search(text, start, end) is not None or _opens_with_name(text, start, end)) \
+                and (covered is None or _open_capital(text, start, end, covered)):
             if out and out[-1][1] >= start - 2:
                 out[-1] = (out[-1][0], end)
             else:
@@ -382,13 +398,22 @@ def _ner_segments(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def ner_spans(text: str) -> list[Span]:
-    return ner_spans_many([text])[0]
+def ner_spans(text: str, found: list[Span] | None = None) -> list[Span]:
+    return ner_spans_many([text], found=None if found is None else [found])[0]
 
 
-def ner_spans_many(texts: list[str], batch_size: int = 256) -> list[list[Span]]:
-    """NER spans of each text; the sentences of all texts go through the model in batches."""
-    jobs = [(i, a, b) for i, t in enumerate(texts) for a, b in _ner_segments(t)]
+def _covered(text: str, spans: list[Span]) -> bytearray:
+    cov = bytearray(len(text))
+    for a, b, _, _ in spans:
+        cov[a:b] = b"\x01" * (b - a)
+    return cov
+
+
+def ner_spans_many(texts: list[str], batch_size: int = 256, found: list[list[Span]] | None = None) -> list[list[Span]]:
+    """NER spans of each text; the sentences of all texts go through the model in batches.
+    ``found``: each text's spans from the other detectors (sentences with nothing left skip the model)."""
+    jobs = [(i, a, b) for i, t in enumerate(texts)
+            for a, b in _ner_segments(t, None if found is None else _covered(t, found[i]))]
     out: list[list[Span]] = [[] for _ in texts]
     if not jobs:
         return out
@@ -454,7 +479,7 @@ _FIELD_KINDS = {
 }
 _FIELD_OF = {k.replace("_", ""): kind for kind, keys in _FIELD_KINDS.items() for k in keys}
 _FIELD = re.compile(r"""(?ix)(?<![\w-])["']?([a-zà-ÿ][\w -]{1,30}?)["']?[ \t]*(?:[:=]|=>)[ \t]*
-                        (?:"((?:[^"\\\n]|\\.){1,200})"|'([^'\n]{1,200})'|(?<![\w"'])([^\s"'{}\[\],][^\n"{}\[\]]{0,120}))""")
+                        (?:"((?:[^"\\\n]|\\.){1,200})"|'([^'\n]{1,200})'|(?<![\w"'])([^\s"'{}\[\],](?:(?![ \t]+[\w-]+=)[^\n"{}\[\]]){0,120}))""")
 _PHONEISH = re.compile(r"^\+?[\d ()./-]{7,20}$")
 _NAMEISH = re.compile(r"^[A-ZÀ-ÖØ-ÞĀ-ſ][\w'’.-]*(?:[ \t]+(?:(?:(?:da|de|del|della|der|den|des|do|dos|das|du|la|le|los|las|van|von|vom|zu|di|ter|ten|te|bin|bint|ibn|al|el|y|'t)[ \t]+){1,3})?"
                       r"[A-ZÀ-ÖØ-ÞĀ-ſ][\w'’.-]*){0,3}$")
@@ -563,8 +588,8 @@ _CUE_RULES = (
                r"([A-ZÀ-ÖØ-ÞĀ-ſ][\w'’-]+(?:[ \t]+(?:(?:(?:da|de|del|della|der|den|des|do|dos|das|du|la|le|los|las|van|von|vom|zu|di|ter|ten|te|bin|bint|ibn|al|el|y|'t)[ \t]+){1,3})?[A-ZÀ-ÖØ-ÞĀ-ſ][\w'’-]+){0,2})"),
     # an addressee or author in a code review or ticket: "cc Priya", "assigned to Tomás Ruiz", "@-less mentions"
     re.compile(r"(?<![\w])(?i:cc:?|attn:?|assigned to|reviewed by|authored by|reported by|approved by|signed off by|"
-               r"co-authored-by:|thanks to|ask|ping|per|owner:|reviewer:|assignee:)[ \t]+"
-               r"([A-ZÀ-ÖØ-ÞĀ-ſ][\w'’-]+(?:[ \t]+[A-ZÀ-ÖØ-ÞĀ-ſ][\w'’-]+){0,2})"),
+               r"co-authored-by:|thanks to|ask|ping|per|owner:|reviewer:|assignee:|t\.n\.v\.|z\.hd\.|a/c)[ \t]+"
+               + _NAME_WORDS),
 )
 
 
@@ -617,7 +642,7 @@ _STREET_PRE = (r"(?:Calle|C/|Avenida|Avda\.?|Av\.|Paseo|Plaza|Pza\.?|Camino|Carr
                r"Rua|Praça|Largo|Travessa|Estrada|Via|Viale|Piazza|Corso|Vicolo|Rue|Avenue|Boulevard|Bd|Place|Chemin|"
                r"Allée|Impasse|Quai|Laan|Straat|Weg|ul\.|ulica|al\.|Aleja|plac|Am|An der|Auf dem|Auf der|Im|In der|"
                r"Zum|Zur|Unter den|Hinter der|Op de|Op het)")
-_UNIT_TAIL = (r"(?:,?[ \t]*(?:\d{1,3}[ \t]?[ºª°][ \t]?(?:[A-Z]\b|dcha\.?|izda\.?|izq\.?|dr\.?|esq\.?)?|\d{1,2}\.[ \t]?(?:OG|Etage|Stock|UG|EG)"
+_UNIT_TAIL = (r"(?:,?[ \t]*(?:[ºª°][ \t]?(?:[A-Z]\b|dcha\.?|izda\.?|izq\.?)?|\d{1,3}[ \t]?[ºª°][ \t]?(?:[A-Z]\b|dcha\.?|izda\.?|izq\.?|dr\.?|esq\.?)?|\d{1,2}\.[ \t]?(?:OG|Etage|Stock|UG|EG)"
               r"|(?:Piso|Planta|Puerta|Escalera|Esc\.|Apt|Apto|Apartment|Flat|Unit|Suite|#)\.?[ \t]*[\w-]{1,5}))")
 _ADDR_SHAPES = (
     # Calle de la Luna 177 / Am Markt 1 / ul. Marszałkowska 65/28 / Gran Vía, 159

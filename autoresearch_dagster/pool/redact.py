@@ -342,7 +342,7 @@ def _spans(text: str, ner: bool = True) -> list[Span]:
     out.extend(pii_detect.gazetteer_person_spans(text))
     out.extend(pii_detect.context_spans(text))
     if ner and _ner_enabled():
-        out.extend(pii_detect.ner_spans(text))
+        out.extend(pii_detect.ner_spans(text, found=list(out)))
     for rx, group, after in ((_HONORIFIC, "honorific", 48), (_INTRO, "intro", 64), (_SIGNATURE, "signature", 64)):
         for m in _scan(rx, text, near(group, 16, after)):
             add((m.start(1), m.end(1), "person", m.group(1)))
@@ -378,8 +378,9 @@ def find_pii(text: str) -> list[Span]:
 def find_pii_many(texts: list[str], batch_size: int = 256) -> list[list[Span]]:
     """``find_pii`` of each text, the NER model run over all their sentences in batches (faster
     than one text at a time)."""
-    ner = pii_detect.ner_spans_many(texts, batch_size) if _ner_enabled() else [[] for _ in texts]
-    return [_resolve(t, _spans(t, ner=False) + extra) for t, extra in zip(texts, ner)]
+    rules = [_spans(t, ner=False) for t in texts]
+    ner = pii_detect.ner_spans_many(texts, batch_size, found=rules) if _ner_enabled() else [[] for _ in texts]
+    return [_resolve(t, r + extra) for t, r, extra in zip(texts, rules, ner)]
 
 
 def _resolve(text: str, found: list[Span]) -> list[Span]:
