@@ -373,8 +373,12 @@ def _open_capital(text: str, start: int, end: int, covered: bytearray) -> bool:
         a, b = w.span()
         if all(covered[a:b]):
             continue
-        if text[start:a].strip(" \t\"'([{-") == "" and w.group() not in first_names():
-            continue
+        low = w.group().lower()
+        if low in _stop_words() or low in _NOT_NAMES:
+            continue  # "No", "It", "Please", "Hello": words, whatever their case
+        before = text[start:a].rstrip(" \t\"'([{-")
+        if (before == "" or before[-1] in ".!?:;" ) and w.group() not in first_names():
+            continue  # a sentence's or a label's first word
         return True
     return False
 
