@@ -304,6 +304,8 @@ class Score:
     leaks: dict[str, list[str]] = field(default_factory=dict)
     detected: int = 0
     false_spans: int = 0
+    # every leak: (kind, the sample's text, start, end), so a report can show it in its context
+    leak_sites: list[tuple[str, str, int, int]] = field(default_factory=list)
 
     def recall(self, kind: str) -> float | None:
         return self.caught.get(kind, 0) / self.total[kind] if self.total.get(kind) else None
@@ -332,6 +334,7 @@ def score(samples: Iterable[Sample], detect: Callable[[str], list[tuple[int, int
                 sc.caught[kind] = sc.caught.get(kind, 0) + 1
             else:
                 sc.leaks.setdefault(kind, []).append(s.text[a:b])
+                sc.leak_sites.append((kind, s.text, a, b))
             if hit:
                 sc.touched[kind] = sc.touched.get(kind, 0) + 1
         for a, b in spans:
@@ -339,3 +342,51 @@ def score(samples: Iterable[Sample], detect: Callable[[str], list[tuple[int, int
             if not any(a < e and s0 < b for s0, e, _ in s.entities):
                 sc.false_spans += 1
     return sc
+
+
+# --- an independent labelled corpus (written apart from every detector list and rule) ----------------
+# its upper-case types -> the kinds above (scoring is type-agnostic; the kind only groups the figures)
+INDEPENDENT_TYPES = {
+    "PERSON": "person", "ADDRESS": "address", "EMAIL": "email", "PHONE": "phone", "CREDIT_CARD": "card",
+    "IBAN": "iban", "SSN": "ssn", "IP_ADDRESS": "ip", "ORG": "organization", "LOCATION": "location",
+    "DATE_OF_BIRTH": "dob", "PASSPORT": "passport", "API_KEY": "secret", "URL_WITH_TOKEN": "secret",
+}
+
+
+def _independent_sample(d: dict, source: str) -> Sample:
+    text = d["text"]
+    ents = []
+    for e in d.get("entities") or ():
+        kind = INDEPENDENT_TYPES.get(e["type"])
+        if kind is None:
+            raise ValueError(f"{source} record {d.get('id')!r}: unknown entity type {e['type']!r}")
+        a, b = int(e["start"]), int(e["end"])
+        if not (0 <= a < b <= len(text)):
+            raise ValueError(f"{source} record {d.get('id')!r}: span {a}..{b} outside its text")
+        ents.append((a, b, kind))
+    return Sample(text, ents, d.get("lang", "en"), f"{source}:{d.get('style', '')}")
+
+
+def load_independent(corpus_dir: str | Path, half: str) -> tuple[list[Sample], list[Sample]]:
+    """(corpus records of ``half`` ("dev" or "report") by the committed ``split.json``, the hard cases
+    of that half) from ``corpus.jsonl``, ``split.json`` and ``hard_cases.jsonl`` in ``corpus_dir``.
+    Hard cases follow the split too when it names them, else they all count as report-half."""
+    d = Path(corpus_dir)
+    split = json.loads((d / "split.json").read_text())
+    if isinstance(split.get("split"), dict):  # {"split": {...}} or a flat {id: half}
+        split = split["split"]
+    out: dict[str, list[Sample]] = {"corpus.jsonl": [], "hard_cases.jsonl": []}
+    for name in out:
+        path = d / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            rec = json.loads(line)
+            h = split.get(str(rec.get("id")), "report" if name == "hard_cases.jsonl" else None)
+            if h is None:
+                raise ValueError(f"{path}: record {rec.get('id')!r} is in no half of split.json")
+            if h == half:
+                out[name].append(_independent_sample(rec, name.split(".")[0]))
+    return out["corpus.jsonl"], out["hard_cases.jsonl"]

@@ -92,7 +92,7 @@ _STREET_SUFFIX = (r"Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr
 _ADDRESS = re.compile(r"\b\d{1,6}[A-Za-z]?\s+(?:[NSEW]\.?\s+)?(?:[A-Z][a-z]+\.?\s+){1,3}(?:" + _STREET_SUFFIX + r")\b\.?")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+'-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 _URL = re.compile(r"\b(?:https?|ftp|wss?|postgres(?:ql)?|mysql|mongodb(?:\+srv)?|redis|amqp)://[^\s\"'<>\\]+")
-_URL_SECRET_PARAM = re.compile(r"(?i)(?:^|[?&;])((?:access_|refresh_|id_|auth_|api_|session_)?(?:token|key|apikey|"
+_URL_SECRET_PARAM = re.compile(r"(?i)(?:^|[?&;])((?:[a-z]+[_-])*(?:token|key|apikey|"
                                r"secret|password|passwd|pwd|sig|signature|auth|code|credential|session)[A-Za-z_]*)=([^&#;]+)")
 _CARD = re.compile(r"(?<![\d.,-])\d(?:[ -]?\d){11,18}(?![\d])")
 _SSN = re.compile(r"(?<![\d-])(\d{3})-(\d{2})-(\d{4})(?![\d-])")
@@ -110,11 +110,16 @@ _KEY_SHAPES = re.compile(
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
     r"|\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{8,}"
     r"|\bAIza[0-9A-Za-z_-]{35}"
-    r"|\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}")
+    r"|\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|\bhf_[A-Za-z0-9]{30,}|\bglpat-[A-Za-z0-9_-]{20,}|\bSG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
+    r"|\bnpm_[A-Za-z0-9]{30,}|\bpypi-[A-Za-z0-9_-]{30,}")
+_WEBHOOK = re.compile(r"(?i)hooks\.slack\.com/services/|discord(?:app)?\.com/api/webhooks/|/webhooks?/[\w-]{16,}|"
+                      r"[?&](?:X-Amz-(?:Credential|Signature)|sig|signature)=")
+_MAPPED_V4 = re.compile(r"(?i)(?<![\w:])::ffff:(?:\d{1,3}\.){3}\d{1,3}(?![\w.])")
 _BEARER = re.compile(r"\b[Bb]earer\s+([A-Za-z0-9._~+/-]{12,}=*)")
-_KV_SECRET = re.compile(r"(?i)(?:\b|_)(?:api[_-]?key|secret(?:[_-]?(?:access[_-]?)?key)?|access[_-]?token|auth[_-]?token|"
+_KV_SECRET = re.compile(r"(?i)(?:\b|_)(?:[a-z0-9]+_)*(?:token|api[_-]?key|secret(?:[_-]?(?:access[_-]?)?key)?|access[_-]?token|auth[_-]?token|"
                         r"client[_-]?secret|private[_-]?key|password|passwd|passphrase|pwd|pass)"
-                        r"[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?([^\s\"',;]{6,})")
+                        r"[\"']?\s*(?:[:=]|\bis\b)\s*[\"']?([^\s\"',;`]{6,})")
 _PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----")
 _KEEP_PREFIX = re.compile(r"^(?:sk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?|AKIA|ASIA|gh[pousr]_|github_pat_|"
                           r"xox[abposr]-|eyJ|AIza|(?:sk|rk|pk)_(?:live|test)_)")
@@ -178,7 +183,7 @@ _HINT_GROUPS = {
     "intro": ("Name", "Signed", "name is", "all me", "igned"),
     "signature": ("Regards", "Thanks", "Thank you", "Cheers", "Best", "Sincerely", "Yours", "regards"),
     "greeting": ("Dear", "Hi", "Hello", "Hey", "Thank", "I am", "I'm", "This is"),
-    "key": ("AKIA", "ASIA", "AIza", "sk-", "_", "xox", "eyJ"),
+    "key": ("AKIA", "ASIA", "AIza", "sk-", "_", "xox", "eyJ", "glpat-", "SG.", "pypi-"),
     "bearer": ("earer",),
 }
 _UPPER_HINT_GROUPS: dict[str, list[str]] = {}
@@ -240,22 +245,31 @@ def _near(text: str, hints: tuple[str, ...], before: int, after: int) -> list[tu
     return _windows([(i, i) for i in _find_all(text, hints)], before, after, len(text))
 
 
-def _spans(text: str) -> list[Span]:
-    """All candidate PII spans (start, end, type, normalized value), before overlap resolution."""
+def _spans(text: str, ner: bool = True) -> list[Span]:
+    """All candidate PII spans (start, end, type, normalized value), before overlap resolution
+    (``ner=False``: all but the NER model's, which ``find_pii_many`` runs batched)."""
     out: list[Span] = []
     add = out.append
     n = len(text)
     if "://" in text:
         for m in _scan(_URL, text, _near(text, ("://",), 20, 2048)):
-            url, base = m.group(), m.start()
+            url, base = m.group().rstrip("`.,;:!?)]}'"), m.start()
             scheme_end = url.index("://") + 3
             at = url.find("@", scheme_end, url.find("/", scheme_end) if url.find("/", scheme_end) > 0 else len(url))
+            secret = False
             if at > scheme_end:
                 add((base + scheme_end, base + at, "url_secret", url[scheme_end:at]))
+                secret = True
             q = url.find("?")
             if q >= 0:
                 for pm in _URL_SECRET_PARAM.finditer(url, q):
                     add((base + pm.start(2), base + pm.end(2), "url_secret", pm.group(2)))
+                    secret = True
+            path = url[scheme_end:q if q >= 0 else len(url)]
+            if _WEBHOOK.search(url) or any(len(seg) >= 20 and _looks_secret(seg) for seg in path.split("/")[1:]):
+                secret = True
+            if secret:  # a URL that carries a credential is the credential: all of it goes
+                add((base, base + len(url), "url_secret", url))
     hints = _hint_positions(text)
 
     def near(group: str, before: int, after: int) -> list[tuple[int, int]]:
@@ -298,6 +312,9 @@ def _spans(text: str) -> list[Span]:
         if "." in chars:
             for m in _scan(_IPV4, text, digit_win):
                 add((m.start(), m.end(), "ipv4", m.group()))
+            if "::" in text:
+                for m in _MAPPED_V4.finditer(text):
+                    add((m.start(), m.end(), "ipv6", m.group().lower()))
         for m in _scan(_ADDRESS, text, _windows([m.span() for m in _SUFFIX_HINT.finditer(text)], 96, 2, n)):
             add((m.start(), m.end(), "address", m.group().lower()))
     if ":" in chars:
@@ -323,8 +340,9 @@ def _spans(text: str) -> list[Span]:
         out.extend(pii_detect.id_spans(text))
         out.extend(pii_detect.address_spans(text))
     out.extend(pii_detect.gazetteer_person_spans(text))
-    if _ner_enabled():
-        out.extend(pii_detect.ner_spans(text))
+    out.extend(pii_detect.context_spans(text))
+    if ner and _ner_enabled():
+        out.extend(pii_detect.ner_spans(text, found=list(out)))
     for rx, group, after in ((_HONORIFIC, "honorific", 48), (_INTRO, "intro", 64), (_SIGNATURE, "signature", 64)):
         for m in _scan(rx, text, near(group, 16, after)):
             add((m.start(1), m.end(1), "person", m.group(1)))
@@ -354,7 +372,19 @@ def _ner_enabled() -> bool:
 
 def find_pii(text: str) -> list[Span]:
     """Non-overlapping PII spans in ``text``, in order (overlapping detections merged)."""
-    spans = sorted(_spans(text), key=lambda s: (s[0], -(s[1] - s[0])))
+    return _resolve(text, _spans(text))
+
+
+def find_pii_many(texts: list[str], batch_size: int = 256) -> list[list[Span]]:
+    """``find_pii`` of each text, the NER model run over all their sentences in batches (faster
+    than one text at a time)."""
+    rules = [_spans(t, ner=False) for t in texts]
+    ner = pii_detect.ner_spans_many(texts, batch_size, found=rules) if _ner_enabled() else [[] for _ in texts]
+    return [_resolve(t, r + extra) for t, r, extra in zip(texts, rules, ner)]
+
+
+def _resolve(text: str, found: list[Span]) -> list[Span]:
+    spans = sorted(pii_detect.extend_addresses(text, found), key=lambda s: (s[0], -(s[1] - s[0])))
     out: list[Span] = []
     for s in spans:
         if out and s[0] < out[-1][1]:
@@ -486,6 +516,9 @@ class Redactor:
             local, _, domain = value.rpartition("@")
             host, _, tld = domain.rpartition(".")
             s = f"{self._wordy(local, st)}@{self._wordy(host, st[7:] + st[:7])}.{tld}"
+        elif kind == "url_secret" and "://" in value:  # scheme kept, the rest word-shaped or scrambled
+            scheme, _, rest = value.partition("://")
+            s = scheme + "://" + self._wordy(rest, st)
         else:  # phone, url_secret: class-preserving
             s = self._scramble(value, st)
         if s == value:  # vanishingly rare; make sure nothing passes through unchanged
