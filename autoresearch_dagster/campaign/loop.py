@@ -30,6 +30,7 @@ import math
 import datetime as dt
 import hashlib
 import json
+import logging
 import statistics
 import time
 import uuid
@@ -56,12 +57,14 @@ from autoresearch_dagster.experiments.experiment import SharedControl, run_exper
 from autoresearch_dagster.experiments.parallel import max_workers
 from autoresearch_dagster.experiments.runs import HarnessSettings, RunRecord
 from autoresearch_dagster.measure.profiles import MeasurementProfile, measurement_profile
-from autoresearch_dagster.memory import Conditions, Memory, finding_rows, model_family, outcome, technique
+from autoresearch_dagster.memory import (Conditions, Memory, MemoryVersionError, finding_rows, model_family, outcome,
+                                         technique)
 from autoresearch_dagster.outputs.files import json_safe, write_json
 from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.spec import Budget, EndpointSpec, SpecError, config_hash, is_lossy, knobs_for
 
 Say = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -723,7 +726,7 @@ class CampaignRunner:
             if errors:
                 self.results.append_rows({"emulator_errors": errors}, endpoint=self.endpoint.name)
         if self.memory is not None:
-            self.memory.commit(f"{self.endpoint.name}: round {plan.round} of campaign {st.campaign_id}")
+            self._version_memory(f"{self.endpoint.name}: round {plan.round} of campaign {st.campaign_id}")
         self._recalibrate_on_drift()
         self._save_surrogate()
         decision = self._decide(plan, [e for e in st.experiments if e["round"] == plan.round])
@@ -735,6 +738,15 @@ class CampaignRunner:
             self._end(decision["ended_because"])
         self.save()
         return decision
+
+    def _version_memory(self, message: str) -> None:
+        """Commit the memory's round; a failure is logged, told and kept in the state (the report shows it)."""
+        try:
+            self.memory.commit(message)
+        except MemoryVersionError as e:
+            log.warning("memory not versioned: %s", e)
+            self.say(f"warning: memory not versioned: {e}")
+            self.state.memory_problems.append(f"{message}: {e}")
 
     def _recalibrate_on_drift(self) -> None:
         """Re-calibrate when the emulator's error drifts (``agents.emulator_errors.drift``) over the experiments

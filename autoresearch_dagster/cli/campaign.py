@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--engine", choices=["emulator", "sglang", "modal"], help="override the endpoint's engine")
     r.add_argument("--pool", help="replay pool (default: built from the endpoint's logs into LAKE/_pools/ENDPOINT)")
     r.add_argument("--lake", default="out/lake", help="results lake root (default out/lake)")
-    r.add_argument("--memory", default="memory", help="memory directory (default ./memory; committed when it is "
-                                                       "in a git work tree)")
+    r.add_argument("--memory", help="memory directory, a git repository of its own (created on first use; default: "
+                                    "memory/ beside the lake, out/memory with the default --lake)")
     r.add_argument("--anchor-every", type=int, default=1,
                    help="one fresh baseline anchor run per this many candidate runs (default 1; a real engine whose "
                         "runs take minutes may trade some power for fewer)")
@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout, noise_runs=args.noise_runs,
         initial_runs_per_arm=args.runs_per_arm, max_runs_per_arm=args.runs_per_arm)
     runner = CampaignRunner(endpoint, pool, engine=engine, out_dir=out, settings=settings, measurement=measurement,
-                            results=results, memory=Memory(args.memory), say=Ticker(), fresh=ended)
+                            results=results, memory=Memory(args.memory or Path(args.lake).parent / "memory"), say=Ticker(),
+                            fresh=ended)
     report = runner.run()
     results.refresh_views()
     print(format_report(report))
