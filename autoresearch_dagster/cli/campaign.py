@@ -74,7 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     a = cs.add_parser("approve", help="record a human decision on a campaign's review package",
                       description="Approval is a recorded human action: appended to REVIEW/approvals.jsonl and the "
-                                  "lake's approvals table. Nothing is deployed.")
+                                  "lake's approvals table. Approving the package of the campaign's latest best config "
+                                  "writes the deploy artifact REVIEW/deploy/ (launch command, config diff, the "
+                                  "package's hash, who approved it when); a stale package is refused; a rejection "
+                                  "deploys nothing. Nothing is run against production.")
     a.add_argument("--review", required=True, help="the review package directory (DIR/review)")
     a.add_argument("--who", required=True)
     a.add_argument("--decision", required=True, choices=["approve", "reject", "request_changes"])
@@ -158,5 +161,8 @@ def approve(args: argparse.Namespace) -> int:
         raise SpecError(f"--review {args.review} is not a directory")
     row = record_approval(args.review, who=args.who, decision=args.decision, note=args.note,
                           results=open_lake(args.lake))
-    print(f"recorded {row['decision']} by {row['who']} for {row['config_hash']} ({row['approval_id']})")
+    print(f"recorded {row['decision']} by {row['who']} for {row['config_hash']} ({row['approval_id']}, package "
+          f"{row['package_hash']})")
+    if row["deploy_path"]:
+        print(f"deploy artifact: {row['deploy_path']}/deploy.json and launch.sh")
     return 0
