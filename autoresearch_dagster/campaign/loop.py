@@ -244,7 +244,7 @@ class CampaignRunner:
         return Predictor(self.surrogate(), self.corrector())
 
     def guardrails(self) -> Guardrails:
-        return Guardrails(gpus=self.endpoint.gpus, engine=self.endpoint.engine)
+        return Guardrails.for_endpoint(self.endpoint)
 
     def proposers(self) -> list[Any]:
         if self._proposers is not None:
