@@ -126,6 +126,40 @@ def test_budgets_end_the_campaign_cleanly_with_its_state_saved(tmp_path):
     assert late.plan() is None and late.state.ended_because.startswith("deadline")
 
 
+class TwoIdeas:
+    """A proposer with two lossless ideas in one session."""
+    name = "two"
+
+    def propose(self, brief, tools):
+        return Session(proposer=self.name, direction=brief.direction, proposals=[Proposal(
+            id=f"{pid}-{brief.round}", endpoint=brief.endpoint, proposer=self.name, source="script",
+            direction=brief.direction, explanation="a scripted idea to test the budget",
+            intervention={"changes": [{"knob": k, "value": v}]},
+            prediction={"capacity_ratio": 1.2, "ratio_low": 1.05, "ratio_high": 1.4, "basis": "script"},
+            falsification="refuted if not better")
+            for pid, k, v in (("mixed", "enable_mixed_chunk", True), ("cons", "schedule_conservativeness", 0.8))])
+
+
+def test_an_experiment_that_would_overrun_the_gpu_hour_budget_is_not_started(tmp_path):
+    s = settings(max_experiments=4)
+    s.directions_per_round, s.experiments_per_round = 1, 2
+    r = runner(tmp_path, settings_=s, proposers=[TwoIdeas()])
+    r.measure()
+    noise_s, cost = r.state.era.noise["gpu_seconds"], r.experiment_gpu_seconds()
+    assert cost > 0
+    # room for one experiment after the noise floor, not for two: the round's second is not started
+    r.settings.budget.max_gpu_hours = (noise_s + 1.5 * cost) / 3600
+    r.diagnose()
+    plan = r.plan()
+    assert plan is not None and len(plan.proposals) == 2
+    records = r.run_round(plan)
+    assert [rec["proposal_id"] for rec in records] == [plan.proposals[0].id]
+    r.close(plan, records)
+    assert r.state.spent["gpu_seconds"] <= r.settings.budget.max_gpu_hours * 3600
+    # and a campaign whose budget cannot pay for the next experiment ends before it plans one
+    assert r.plan() is None and "an experiment needs" in r.state.ended_because
+
+
 def test_an_interrupted_campaign_resumes_where_it_stopped(tmp_path):
     r = runner(tmp_path, settings_=settings(max_experiments=1))
     r.measure()
