@@ -19,7 +19,8 @@ def production_approval(context: dg.AssetExecutionContext, config: ApprovalConfi
                         lake: ResultsLakeResource) -> dg.MaterializeResult:
     """A person's decision on the campaign's review package (config diff, SGLang launch command, gain with
     its CI, lossless/lossy, correctness, evidence, open questions). Production changes are never made by
-    the product: this records the decision (review/approvals.jsonl and the lake's approvals table)."""
+    the product: this records the decision (review/approvals.jsonl and the lake's approvals table) and, for an
+    approval of the latest best config, writes the deploy artifact (review/deploy/); a stale package fails."""
     from autoresearch_dagster.campaign.review import record_approval
     from autoresearch_dagster.spec import SpecError
 
@@ -31,8 +32,9 @@ def production_approval(context: dg.AssetExecutionContext, config: ApprovalConfi
         raise dg.Failure(str(e)) from None
     return dg.MaterializeResult(metadata={
         "decision": row["decision"], "who": row["who"], "note": row["note"], "config_hash": row["config_hash"],
-        "campaign_id": row["campaign_id"], "approval_id": row["approval_id"],
-        "review": dg.MetadataValue.path(str(review))})
+        "campaign_id": row["campaign_id"], "approval_id": row["approval_id"], "package_hash": row["package_hash"],
+        "review": dg.MetadataValue.path(str(review)),
+        **({"deploy": dg.MetadataValue.path(row["deploy_path"])} if row["deploy_path"] else {})})
 
 
 approve_production = dg.define_asset_job("approve_production", selection=[production_approval],

@@ -1,4 +1,9 @@
-"""Owns the findings memory: plain text files in one directory, committed when it is a git work tree.
+"""Owns the findings memory: plain text files in one directory that is its own git repository.
+
+The directory is initialised as a repository of its own (``git init`` there) before its first commit, so
+findings never land in an enclosing checkout (the project's source tree) even when the memory folder lies
+inside one. A failure to version raises ``MemoryVersionError``: the files are written either way, and the
+campaign logs and records the failure instead of losing it.
 
 Layout (one JSON object per line, append-only, human-diffable):
 - ``endpoints/<endpoint>.jsonl``: every config this endpoint tried, with its verdict, evidence and the
@@ -28,6 +33,14 @@ from autoresearch_dagster.outputs.files import atomic_write_text
 from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.emulator.hf_config import ARCHITECTURES, config_path, read_config
 from autoresearch_dagster.spec import KNOBS, SpecError, model_is_path
+
+GIT_IDENTITY = {"GIT_AUTHOR_NAME": "autoresearch", "GIT_AUTHOR_EMAIL": "autoresearch@localhost",
+                "GIT_COMMITTER_NAME": "autoresearch", "GIT_COMMITTER_EMAIL": "autoresearch@localhost"}
+
+
+class MemoryVersionError(RuntimeError):
+    """The memory's files were written but could not be committed to the memory's own repository."""
+
 
 README = """# AutoResearch memory
 
@@ -188,23 +201,37 @@ class Memory:
         out.sort(key=lambda r: (-r["similarity"], r["technique"]))
         return out[:k]
 
+    def _git(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-c", "commit.gpgsign=false", "-C", str(self.root), *args], capture_output=True,
+                              text=True, timeout=timeout, env={**os.environ, **GIT_IDENTITY})
+
+    def ensure_repo(self) -> None:
+        """Make the memory directory the top of a git repository of its own (``git init`` there unless it already
+        is one): a memory folder inside another checkout must not commit into that checkout."""
+        self._ensure()
+        top = self._git("rev-parse", "--show-toplevel", timeout=10)
+        if top.returncode == 0 and Path(top.stdout.strip()).resolve() == self.root.resolve():
+            return
+        done = self._git("init", "-q")
+        if done.returncode != 0:
+            raise MemoryVersionError(f"git init {self.root} failed: {done.stderr.strip() or done.returncode}")
+
     def commit(self, message: str) -> bool:
-        """``git add`` + ``git commit`` the memory directory when it lies in a git work tree (False if not,
-        or nothing changed). Never raises: memory is written either way."""
+        """``git add`` + ``git commit`` everything in the memory's own repository (created on first use): True
+        when committed, False when nothing changed. Raises ``MemoryVersionError`` when versioning fails (no
+        git, a broken repository); the files are written either way."""
         try:
-            top = subprocess.run(["git", "-C", str(self.root), "rev-parse", "--show-toplevel"], capture_output=True,
-                                 text=True, timeout=10)
-            if top.returncode != 0:
+            self.ensure_repo()
+            if not self._git("status", "--porcelain").stdout.strip():
                 return False
-            subprocess.run(["git", "-C", str(self.root), "add", "--", "."], capture_output=True, timeout=30, check=True)
-            done = subprocess.run(["git", "-C", str(self.root), "commit", "-q", "-m", message, "--", "."],
-                                  capture_output=True, text=True, timeout=30,
-                                  env={**os.environ, "GIT_AUTHOR_NAME": "autoresearch",
-                                       "GIT_AUTHOR_EMAIL": "autoresearch@localhost", "GIT_COMMITTER_NAME": "autoresearch",
-                                       "GIT_COMMITTER_EMAIL": "autoresearch@localhost"})
-            return done.returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            return False
+            for args in (("add", "--", "."), ("commit", "-q", "-m", message)):
+                done = self._git(*args)
+                if done.returncode != 0:
+                    raise MemoryVersionError(f"git {args[0]} in {self.root} failed: "
+                                             f"{(done.stderr or done.stdout).strip() or done.returncode}")
+            return True
+        except (OSError, subprocess.SubprocessError) as e:
+            raise MemoryVersionError(f"cannot version the memory in {self.root}: {e}") from e
 
 
 def finding_rows(findings: list[dict[str, Any]], campaign_id: str | None) -> dict[str, list[dict[str, Any]]]:

@@ -510,6 +510,17 @@ class Autoscaling(BaseModel):
         return self
 
 
+class OperatorGuardrails(BaseModel):
+    """Limits an operator sets on what a campaign may propose for this endpoint (``agents.guardrails`` applies
+    them to every proposal, whoever proposed it)."""
+    model_config = ConfigDict(extra="forbid")
+    locked_knobs: list[str] = Field(default_factory=list, description="knobs no proposal may change")
+    lossless_only: bool = Field(default=False, description="refuse every lossy change (quantization, lossy "
+                                                            "speculation, ...): outputs must stay as they are")
+    max_gpus: int | None = Field(default=None, ge=1, description="most GPUs a candidate may use (tp x dp), below "
+                                                                 "the hardware's count (default: all of them)")
+
+
 class EndpointSpec(BaseModel):
     """One served model deployment with its SLA, hardware, traffic and current server config."""
     model_config = ConfigDict(extra="forbid")
@@ -524,6 +535,7 @@ class EndpointSpec(BaseModel):
     url: str | None = Field(default=None, description="base URL of an existing endpoint (engine: external)")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="engine-specific settings")
     autoscaling: Autoscaling | None = Field(default=None, description="replicas behind a router with an autoscaler")
+    guardrails: OperatorGuardrails = Field(default_factory=OperatorGuardrails)
     source_path: str | None = Field(default=None, exclude=True)
 
     @field_validator("sla", mode="before")
@@ -539,6 +551,11 @@ class EndpointSpec(BaseModel):
             self.server_config = validate_server_config(self.server_config, self.engine)
         except SpecError as e:
             raise SpecError(f"server_config: {e}") from None
+        try:  # locked knobs by the engine's field names (a --flag spelling is accepted, as in server_config)
+            self.guardrails.locked_knobs = sorted({knob(k.lstrip("-").replace("-", "_"), self.engine).name
+                                                   for k in self.guardrails.locked_knobs})
+        except SpecError as e:
+            raise SpecError(f"guardrails.locked_knobs: {e}") from None
         return self
 
     @property
@@ -549,6 +566,11 @@ class EndpointSpec(BaseModel):
     @property
     def gpus(self) -> int:
         return self.hardware.count
+
+    @property
+    def max_candidate_gpus(self) -> int:
+        """The most GPUs a candidate config may use: the hardware's, or fewer where the operator says so."""
+        return min(self.gpus, self.guardrails.max_gpus or self.gpus)
 
     def log_paths(self) -> list[Path]:
         base = Path(self.source_path).parent if self.source_path else Path.cwd()

@@ -42,9 +42,9 @@ class ArtifactStore(dg.ConfigurableResource):
 
 
 class MemoryStore(dg.ConfigurableResource):
-    """The findings memory: version-controlled text files under ``path``."""
+    """The findings memory: text files under ``path``, a git repository of its own (``memory.Memory``)."""
 
-    path: str = "memory"
+    path: str = "out/memory"
 
     def dir(self) -> Path:
         p = Path(self.path)

@@ -1,7 +1,9 @@
-"""The findings memory: plain files, no repeats under the same conditions, disagreements kept, git commits."""
+"""The findings memory: plain files, no repeats under the same conditions, disagreements kept, its own git repository."""
 import subprocess
 
-from autoresearch_dagster.memory import Conditions, Memory, finding_rows, technique
+import pytest
+
+from autoresearch_dagster.memory import Conditions, Memory, MemoryVersionError, finding_rows, technique
 
 COND = Conditions(engine="emulator", engine_version="emulator-0.1", model="gemma-moe-26b-a4b", gpu="H200", gpus=1,
                   pool_hash="p1", traits={"mean_prompt_tokens": 3000.0, "mean_output_tokens": 300.0,
@@ -43,15 +45,37 @@ def test_disagreements_across_endpoints_are_kept_side_by_side(tmp_path):
     assert {r["outcome"] for r in lake} == {"helped", "hurt"} and all(r["technique"] for r in lake)
 
 
-def test_memory_commits_when_it_lives_in_a_git_work_tree(tmp_path):
-    assert Memory(tmp_path / "plain").commit("x") is False
-    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
-    mem = Memory(tmp_path / "repo" / "memory")
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+def test_memory_is_its_own_repository_never_the_enclosing_checkout(tmp_path, monkeypatch):
+    checkout = tmp_path / "checkout"
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    (checkout / "src.py").write_text("x = 1\n")
+    _git(checkout, "add", "src.py")
+    _git(checkout, "-c", "user.name=dev", "-c", "user.email=dev@x", "commit", "-q", "-m", "source")
+    monkeypatch.chdir(checkout)
+    mem = Memory("memory")  # a relative folder inside the checkout, as a CLI default would give
     mem.record("demo", _entry("h1", "same"), _finding("demo", "neutral", 1.0))
     assert mem.commit("demo: round 1") is True
-    log = subprocess.run(["git", "-C", str(tmp_path / "repo"), "log", "--oneline"], capture_output=True, text=True)
-    assert "demo: round 1" in log.stdout
+    mem.record("demo", _entry("h2", "worse"), None)
+    assert mem.commit("demo: round 2") is True
     assert mem.commit("nothing new") is False
+    assert _git(checkout, "log", "--format=%s").stdout.split("\n")[0] == "source"
+    assert _git(checkout, "rev-list", "--count", "HEAD").stdout.strip() == "1"
+    assert _git(checkout / "memory", "rev-parse", "--show-toplevel").stdout.strip() == str((checkout / "memory").resolve())
+    history = _git(checkout / "memory", "log", "--format=%an %s").stdout.splitlines()
+    assert history == ["autoresearch demo: round 2", "autoresearch demo: round 1"]
+
+
+def test_a_memory_that_cannot_be_versioned_says_so(tmp_path, monkeypatch):
+    mem = Memory(tmp_path / "memory")
+    mem.record("demo", _entry("h1", "same"), None)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
+    with pytest.raises(MemoryVersionError, match="memory"):
+        mem.commit("demo: round 1")
+    assert len(mem.entries("demo")) == 1  # the files are written either way
 
 
 def test_a_torn_line_is_skipped_not_fatal(tmp_path):

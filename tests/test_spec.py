@@ -106,3 +106,14 @@ def test_speculative_algorithms_without_mixed_chunk_support_turn_it_off_for_ever
     assert (config_drift(requested, _resolved(requested)) == []) is keeps_mixed
     assert "enable_mixed_chunk" not in server_overrides({"speculative_algorithm": algo})  # never turned on
     assert server_overrides({"enable_mixed_chunk": True}) == {"enable_mixed_chunk": True}  # no speculative decoding
+
+
+def test_the_operators_guardrails_name_the_engines_knobs():
+    from autoresearch_dagster.spec import EndpointSpec
+
+    base = dict(name="demo", model="llama-3.1-8b", hardware={"gpu": "H200", "count": 4}, sla="ttft_p99<=1s")
+    spec = EndpointSpec(**base, guardrails={"locked_knobs": ["--tp-size", "quantization"], "max_gpus": 2})
+    assert spec.guardrails.locked_knobs == ["quantization", "tp_size"] and spec.max_candidate_gpus == 2
+    assert EndpointSpec(**base).max_candidate_gpus == 4 and not EndpointSpec(**base).guardrails.lossless_only
+    with pytest.raises(ValueError, match="guardrails.locked_knobs: unknown server knob 'warp_speed'"):
+        EndpointSpec(**base, guardrails={"locked_knobs": ["warp_speed"]})

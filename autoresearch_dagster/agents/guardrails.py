@@ -4,7 +4,8 @@ Knob names, types, bounds and allowed values come from the endpoint's engine's k
 (``Guardrails.engine``; ``spec.knobs_for``: SGLang's ``KNOBS`` or vLLM's ``VLLM_KNOBS``). On top: a numeric knob moves by at most ``max_numeric_step`` (a factor, against its resolved
 value on the baseline) unless the proposal's intervention gives a justification, and then by at
 most ``justified_step``; no more than ``max_changes`` knobs at once; locked knobs stay as they are;
-the GPUs the config asks for (``tp_size`` x ``dp_size``) fit the deployment; speculative parameters
+an endpoint that is lossless only takes no lossy change; the GPUs the config asks for (``tp_size`` x
+``dp_size``) fit the deployment (or the operator's ``max_gpus``; ``for_endpoint`` reads the spec's limits); speculative parameters
 need a speculative algorithm; a combination SGLang would silently override (``spec.server_overrides``)
 is refused, because it would only show up as config drift; and a candidate equal to the baseline is
 not an experiment. An engine patch keeps the baseline's config and is marked as a patch.
@@ -14,8 +15,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autoresearch_dagster.agents.proposal import Proposal
-from autoresearch_dagster.spec import KNOBS, SpecError, config_hash, knobs_for, server_overrides, validate_server_config
+from autoresearch_dagster.agents.proposal import Proposal, lossy_settings
+from autoresearch_dagster.spec import (KNOBS, EndpointSpec, SpecError, config_hash, knobs_for, server_overrides,
+                                       validate_server_config)
 
 SPECULATIVE_PARAMS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 MIN_JUSTIFICATION_CHARS = 20
@@ -29,6 +31,14 @@ class Guardrails:
     max_changes: int = 4
     locked: tuple[str, ...] = ()
     engine: str = "sglang"  # the endpoint's engine: which knob table proposals are checked against
+    lossless_only: bool = False
+
+    @classmethod
+    def for_endpoint(cls, endpoint: EndpointSpec) -> "Guardrails":
+        """The endpoint's guardrails: its engine, its GPUs and the operator's limits in its spec."""
+        g = endpoint.guardrails
+        return cls(gpus=endpoint.max_candidate_gpus, engine=endpoint.engine, locked=tuple(g.locked_knobs),
+                   lossless_only=g.lossless_only)
 
     def describe(self) -> dict[str, Any]:
         """What a proposer is told about the limits."""
@@ -36,7 +46,7 @@ class Guardrails:
             f"numeric knobs move by at most x{self.max_numeric_step:g} of their resolved baseline value "
             f"(x{self.justified_step:g} with a justification in the intervention); at most {self.max_changes} "
             f"knobs per proposal; tp_size x dp_size <= {self.gpus} GPUs; locked knobs: "
-            f"{', '.join(self.locked) or 'none'}")}
+            f"{', '.join(self.locked) or 'none'}" + ("; lossless changes only" if self.lossless_only else ""))}
 
 
 @dataclass
@@ -88,7 +98,7 @@ def check(proposal: Proposal, baseline_config: dict[str, Any], resolved: dict[st
     delta = proposal.intervention.delta()
     for name in delta:
         if name in g.locked:
-            reasons.append(f"{name} is locked in this campaign")
+            reasons.append(f"{name} is locked by the endpoint's guardrails")
     if len(delta) > g.max_changes:
         reasons.append(f"{len(delta)} knob changes in one proposal; at most {g.max_changes}")
     unknown = [n for n in delta if n not in table]
@@ -107,6 +117,9 @@ def check(proposal: Proposal, baseline_config: dict[str, Any], resolved: dict[st
         candidate = validate_server_config({k: v for k, v in merged.items() if v is not None}, g.engine)
     except SpecError as e:
         return GuardrailResult(False, {}, notes, reasons + [str(e)])
+    lossy = sorted(set(lossy_settings(candidate, g.engine)) - set(lossy_settings(base, g.engine)))
+    if g.lossless_only and lossy:
+        reasons.append(f"{', '.join(lossy)}: lossy, and the endpoint's guardrails allow lossless changes only")
     if table is not KNOBS:  # vLLM: one parallel degree, no SGLang resolution rules
         tp = candidate.get("tensor_parallel_size", 1)
         if tp > g.gpus:

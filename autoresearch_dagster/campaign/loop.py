@@ -30,6 +30,7 @@ import math
 import datetime as dt
 import hashlib
 import json
+import logging
 import statistics
 import time
 import uuid
@@ -56,12 +57,14 @@ from autoresearch_dagster.experiments.experiment import SharedControl, run_exper
 from autoresearch_dagster.experiments.parallel import max_workers
 from autoresearch_dagster.experiments.runs import HarnessSettings, RunRecord
 from autoresearch_dagster.measure.profiles import MeasurementProfile, measurement_profile
-from autoresearch_dagster.memory import Conditions, Memory, finding_rows, model_family, outcome, technique
+from autoresearch_dagster.memory import (Conditions, Memory, MemoryVersionError, finding_rows, model_family, outcome,
+                                         technique)
 from autoresearch_dagster.outputs.files import json_safe, write_json
 from autoresearch_dagster.results import utc_now
 from autoresearch_dagster.spec import Budget, EndpointSpec, SpecError, config_hash, is_lossy, knobs_for
 
 Say = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -143,8 +146,20 @@ class CampaignRunner:
         started = dt.datetime.fromisoformat(self.state.created_at)
         return limit - (utc_now() - started).total_seconds()
 
-    def budget_problem(self, *, noise_cost: bool = False) -> str | None:
-        """Why the campaign may not spend more (None: it may), checked before every step that measures."""
+    def experiment_gpu_seconds(self) -> float:
+        """The most the next experiment may spend: both arms at twice the run cap (an undecided comparison's
+        extension goes that far) at the era's noise-floor cost per run, or more where one of this campaign's
+        experiments spent more."""
+        noise = self.state.era.noise or {}
+        per_run = float(noise.get("gpu_seconds") or 0.0) / max(1, int(noise.get("runs") or 1))
+        spent = [float(e.get("gpu_seconds") or 0.0) for e in self.state.experiments if e.get("ran")]
+        return max([2 * 2 * self.profile.max_runs_per_arm * per_run, *spent])
+
+    def budget_problem(self, *, noise_cost: bool = False, experiment: bool = False,
+                       pending_gpu_seconds: float = 0.0) -> str | None:
+        """Why the campaign may not spend more (None: it may), checked before every step that measures:
+        ``experiment``: before one starts, whose expected cost must fit what is left of the GPU-hour budget
+        (``pending_gpu_seconds``: what the round's finished experiments spent, not yet counted)."""
         b, spent = self.settings.budget, self.state.spent
         left = self.time_left()
         if left is not None and left <= 0:
@@ -152,9 +167,14 @@ class CampaignRunner:
         if b.max_experiments is not None and not noise_cost and spent["experiments"] >= b.max_experiments:
             return f"budget: {b.max_experiments} experiments"
         if b.max_gpu_hours is not None:
+            used = spent["gpu_seconds"] + pending_gpu_seconds
             need = (self.state.era.noise or {}).get("gpu_seconds", 0.0) if noise_cost else 0.0
-            if spent["gpu_seconds"] + need >= b.max_gpu_hours * 3600:
+            if used + need >= b.max_gpu_hours * 3600:
                 return f"budget: {b.max_gpu_hours:g} GPU-hours"
+            cost = self.experiment_gpu_seconds() if experiment else 0.0
+            if used + cost > b.max_gpu_hours * 3600:
+                return (f"budget: {b.max_gpu_hours:g} GPU-hours (an experiment needs ~{cost / 3600:.3g}, "
+                        f"{used / 3600:.3g} spent)")
         return None
 
     def _era_dir(self, era: Era | None = None) -> Path:
@@ -241,7 +261,7 @@ class CampaignRunner:
         return Predictor(self.surrogate(), self.corrector())
 
     def guardrails(self) -> Guardrails:
-        return Guardrails(gpus=self.endpoint.gpus, engine=self.endpoint.engine)
+        return Guardrails.for_endpoint(self.endpoint)
 
     def proposers(self) -> list[Any]:
         if self._proposers is not None:
@@ -453,7 +473,7 @@ class CampaignRunner:
         """The next round's experiments (None when the campaign ended instead)."""
         if not self.running:
             return None
-        problem = self.budget_problem()
+        problem = self.budget_problem(experiment=True)
         if problem:
             self._end(problem)
             return None
@@ -632,12 +652,14 @@ class CampaignRunner:
         return record
 
     def run_round(self, plan: RoundPlan) -> list[dict[str, Any]]:
-        """Every experiment of the plan, one after another (each runs its runs in parallel); the ones the
-        deadline leaves no time for are recorded as not run."""
-        out = []
+        """Every experiment of the plan, one after another (each runs its runs in parallel); one the deadline
+        leaves no time for, or whose expected GPU-hours would overrun the budget, is not started."""
+        out: list[dict[str, Any]] = []
         for p in plan.proposals:
-            if self.budget_problem() and out:
-                self.say(f"  {p.id} not run: {self.budget_problem()}")
+            pending = sum(float(r.get("gpu_seconds") or 0.0) for r in out if r.get("ran"))
+            problem = self.budget_problem(experiment=True, pending_gpu_seconds=pending)
+            if problem and out:
+                self.say(f"  {p.id} not run: {problem}")
                 continue
             out.append(self.run_proposal(plan, p))
         return out
@@ -723,7 +745,7 @@ class CampaignRunner:
             if errors:
                 self.results.append_rows({"emulator_errors": errors}, endpoint=self.endpoint.name)
         if self.memory is not None:
-            self.memory.commit(f"{self.endpoint.name}: round {plan.round} of campaign {st.campaign_id}")
+            self._version_memory(f"{self.endpoint.name}: round {plan.round} of campaign {st.campaign_id}")
         self._recalibrate_on_drift()
         self._save_surrogate()
         decision = self._decide(plan, [e for e in st.experiments if e["round"] == plan.round])
@@ -735,6 +757,15 @@ class CampaignRunner:
             self._end(decision["ended_because"])
         self.save()
         return decision
+
+    def _version_memory(self, message: str) -> None:
+        """Commit the memory's round; a failure is logged, told and kept in the state (the report shows it)."""
+        try:
+            self.memory.commit(message)
+        except MemoryVersionError as e:
+            log.warning("memory not versioned: %s", e)
+            self.say(f"warning: memory not versioned: {e}")
+            self.state.memory_problems.append(f"{message}: {e}")
 
     def _recalibrate_on_drift(self) -> None:
         """Re-calibrate when the emulator's error drifts (``agents.emulator_errors.drift``) over the experiments

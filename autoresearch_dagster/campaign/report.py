@@ -162,6 +162,7 @@ def build_report(runner: Any) -> dict[str, Any]:
         "promotion_attribution": (st.last_promotion or {}).get("attribution"),
         "open_questions": open_questions(st, runner.memory, runner.profile_for_memory()),
         "ended_because": st.ended_because, "rounds": len(st.rounds),
+        "memory": {"root": str(runner.memory.root) if runner.memory else None, "problems": list(st.memory_problems)},
         "spent": {"experiments": int(st.spent["experiments"]), "gpu_hours": st.spent["gpu_seconds"] / 3600,
                   "wall_s": st.spent.get("wall_s", 0.0)},
         "gpu_hours_per_decided_verdict_median": gpu_per_verdict[len(gpu_per_verdict) // 2] if gpu_per_verdict else None,
@@ -221,6 +222,9 @@ def format_report(report: dict[str, Any]) -> str:
         iv = json.dumps(e["intervention"], sort_keys=True, default=str)
         lines.append(f"{i:>3} {e['proposal_id'][:28]:<28} {(e['source'] + '/' + e['kind'])[:14]:<14} {iv[:44]:<44} "
                      f"{_f(e['prediction']['capacity_ratio'], '9.3f')} {e['verdict']:<8} {_f(e['ratio_median'], '7.3f')}")
+    if (report.get("memory") or {}).get("problems"):
+        lines += ["", f"warning: memory in {report['memory']['root']} not versioned:"] + \
+            [f"  - {m}" for m in report["memory"]["problems"][-3:]]
     if report["open_questions"]:
         lines += ["", "open questions:"] + [f"  - {q}" for q in report["open_questions"][:10]]
     p = report["paths"]

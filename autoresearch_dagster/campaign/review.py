@@ -8,10 +8,16 @@ endpoint, the GPUs saved under the real demand curve), lossless or lossy
 with the correctness results, the evidence trail (every era and the experiments behind it, with
 their verdicts and traces) and the open questions. An approval is a recorded human action (who,
 decision, note): appended to the package's ``approvals.jsonl`` and the lake's ``approvals`` table.
-Nothing is deployed by the product.
+
+Approval gates the deploy artifact: approving writes ``review/deploy/`` (``deploy.json``: the launch command,
+the config diff, the package's hash and who approved it when; ``launch.sh``), and only for the package of the
+campaign's latest best config: a stale one (the campaign beside it moved on to another best config or was
+replaced by a new campaign, or the lake holds a later finished campaign of the endpoint) is refused. A rejection or a request for changes is recorded and deploys nothing.
+Nothing is run against production by the product.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import uuid
@@ -140,9 +146,56 @@ Every experiment, its prediction, verdict and the proposer's trace: `evidence.js
     return out
 
 
+def package_hash(review_dir: str | Path) -> str:
+    """The hash of the review package as a person read it: its ``review.json`` bytes."""
+    return hashlib.sha256((Path(review_dir) / "review.json").read_bytes()).hexdigest()[:16]
+
+
+def stale_because(package: dict[str, Any], review_dir: Path, results: Any = None) -> str | None:
+    """Why a package is not the one to deploy (None: it is): the campaign beside it (its ``state.json``) or the
+    lake's latest finished campaign of the endpoint names another best config."""
+    from autoresearch_dagster.campaign.report import best_era
+    from autoresearch_dagster.campaign.state import CampaignState
+
+    state_path = review_dir.parent / "state.json"
+    if state_path.is_file():
+        st = CampaignState.load(state_path)
+        latest = best_era(st).config_hash
+        if st.campaign_id != package["campaign_id"]:
+            return (f"the package is of campaign {package['campaign_id']}, but {review_dir.parent} now holds campaign "
+                    f"{st.campaign_id} (best config {latest})")
+        if latest != package["config_hash"]:
+            return f"the campaign's best config is now {latest}, the package proposes {package['config_hash']}"
+    if results is not None:
+        rows = results.query("SELECT campaign_id, best_config_json FROM campaign_results WHERE endpoint = ? "
+                             "ORDER BY finished_at DESC LIMIT 1", [package["endpoint"]])
+        if rows and rows[0][0] != package["campaign_id"]:
+            return (f"the endpoint's latest finished campaign is {rows[0][0]}, the package is of "
+                    f"{package['campaign_id']}")
+    return None
+
+
+def write_deploy_artifact(review_dir: Path, package: dict[str, Any], row: dict[str, Any]) -> Path:
+    """``review/deploy/``: what the approver approved, ready to apply (``deploy.json``, ``launch.sh``)."""
+    out = review_dir / "deploy"
+    artifact = {"approval_id": row["approval_id"], "review_id": package["review_id"],
+                "package_hash": row["package_hash"], "campaign_id": package["campaign_id"],
+                "endpoint": package["endpoint"], "config_hash": package["config_hash"],
+                "approved_by": row["who"], "approved_at": row["recorded_at"], "note": row["note"],
+                "launch_command": package["launch_command"], "config_diff": package["config_diff"],
+                "proposed_config": package["proposed_config"]}
+    write_json(out / "deploy.json", json_safe(artifact), sort_keys=False)
+    atomic_write_text(out / "launch.sh", f"#!/bin/sh\n# {package['endpoint']}: config {package['config_hash']} of "
+                                         f"campaign {package['campaign_id']}\n# review package {row['package_hash']}, "
+                                         f"approved by {row['who']} at {row['recorded_at']}\n"
+                                         f"{package['launch_command']}\n")
+    return out
+
+
 def record_approval(review_dir: str | Path, *, who: str, decision: str, note: str = "", results: Any = None,
                     run_id: str | None = None) -> dict[str, Any]:
-    """A person's decision on a review package: appended to ``approvals.jsonl`` and the lake."""
+    """A person's decision on a review package: appended to ``approvals.jsonl`` and the lake; an approval of the
+    latest best config also writes the deploy artifact (``deploy_path``), a stale package is refused."""
     review_dir = Path(review_dir)
     path = review_dir / "review.json"
     if not path.is_file():
@@ -152,10 +205,16 @@ def record_approval(review_dir: str | Path, *, who: str, decision: str, note: st
     if not who.strip():
         raise SpecError("an approval names who decided (--who)")
     package = json.loads(path.read_text())
+    if decision == "approve":
+        stale = stale_because(package, review_dir, results)
+        if stale:
+            raise SpecError(f"stale review package {review_dir}: {stale}; approve the current package instead")
     row = {"approval_id": f"ap-{uuid.uuid4().hex[:12]}", "review_id": package["review_id"],
            "campaign_id": package["campaign_id"], "config_hash": package["config_hash"], "decision": decision,
            "who": who.strip(), "note": note, "review_path": str(review_dir), "run_id": run_id,
-           "recorded_at": utc_now().isoformat()}
+           "package_hash": package_hash(review_dir), "deploy_path": None, "recorded_at": utc_now().isoformat()}
+    if decision == "approve":
+        row["deploy_path"] = str(write_deploy_artifact(review_dir, package, row))
     log = review_dir / "approvals.jsonl"
     old = log.read_text() if log.exists() else ""
     atomic_write_text(log, old + json.dumps(row, sort_keys=True) + "\n")

@@ -112,6 +112,7 @@ class CampaignState:
     ended_at: str | None = None
     open_questions: list[str] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    memory_problems: list[str] = field(default_factory=list)  # rounds whose findings could not be versioned
 
     @property
     def era(self) -> Era:

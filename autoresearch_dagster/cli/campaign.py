@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--engine", choices=["emulator", "sglang", "modal"], help="override the endpoint's engine")
     r.add_argument("--pool", help="replay pool (default: built from the endpoint's logs into LAKE/_pools/ENDPOINT)")
     r.add_argument("--lake", default="out/lake", help="results lake root (default out/lake)")
-    r.add_argument("--memory", default="memory", help="memory directory (default ./memory; committed when it is "
-                                                       "in a git work tree)")
+    r.add_argument("--memory", help="memory directory, a git repository of its own (created on first use; default: "
+                                    "memory/ beside the lake, out/memory with the default --lake)")
     r.add_argument("--anchor-every", type=int, default=1,
                    help="one fresh baseline anchor run per this many candidate runs (default 1; a real engine whose "
                         "runs take minutes may trade some power for fewer)")
@@ -74,7 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     a = cs.add_parser("approve", help="record a human decision on a campaign's review package",
                       description="Approval is a recorded human action: appended to REVIEW/approvals.jsonl and the "
-                                  "lake's approvals table. Nothing is deployed.")
+                                  "lake's approvals table. Approving the package of the campaign's latest best config "
+                                  "writes the deploy artifact REVIEW/deploy/ (launch command, config diff, the "
+                                  "package's hash, who approved it when); a stale package is refused; a rejection "
+                                  "deploys nothing. Nothing is run against production.")
     a.add_argument("--review", required=True, help="the review package directory (DIR/review)")
     a.add_argument("--who", required=True)
     a.add_argument("--decision", required=True, choices=["approve", "reject", "request_changes"])
@@ -124,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout, noise_runs=args.noise_runs,
         initial_runs_per_arm=args.runs_per_arm, max_runs_per_arm=args.runs_per_arm)
     runner = CampaignRunner(endpoint, pool, engine=engine, out_dir=out, settings=settings, measurement=measurement,
-                            results=results, memory=Memory(args.memory), say=Ticker(), fresh=ended)
+                            results=results, memory=Memory(args.memory or Path(args.lake).parent / "memory"), say=Ticker(),
+                            fresh=ended)
     report = runner.run()
     results.refresh_views()
     print(format_report(report))
@@ -157,5 +161,8 @@ def approve(args: argparse.Namespace) -> int:
         raise SpecError(f"--review {args.review} is not a directory")
     row = record_approval(args.review, who=args.who, decision=args.decision, note=args.note,
                           results=open_lake(args.lake))
-    print(f"recorded {row['decision']} by {row['who']} for {row['config_hash']} ({row['approval_id']})")
+    print(f"recorded {row['decision']} by {row['who']} for {row['config_hash']} ({row['approval_id']}, package "
+          f"{row['package_hash']})")
+    if row["deploy_path"]:
+        print(f"deploy artifact: {row['deploy_path']}/deploy.json and launch.sh")
     return 0

@@ -305,3 +305,28 @@ def test_merged_plans_keep_both_sets_of_sessions_and_take_the_later_proposals(tm
     plan = merge_plans(first, more)
     assert [p.id for p in plan.proposals] == ["q"]
     assert len(plan.directions) == 4 and len(plan.sessions) == 4
+
+
+def test_the_operators_guardrails_in_the_spec_drop_proposals_with_the_reason():
+    from autoresearch_dagster.spec import EndpointSpec
+
+    spec = EndpointSpec(name="demo", model="llama-3.1-8b", hardware={"gpu": "H200", "count": 4}, sla="ttft_p99<=1s",
+                        guardrails={"locked_knobs": ["--chunked-prefill-size"], "lossless_only": True, "max_gpus": 2})
+    fake = FakeProposer({
+        "scheduling_cache": [_prop("locked", "scheduling_cache", {"chunked_prefill_size": 4096}, 1.4),
+                             _prop("mixed", "scheduling_cache", {"enable_mixed_chunk": True}, 1.3)],
+        "kernels_quant": [_prop("fp8", "kernels_quant", {"quantization": "fp8"}, 1.5)],
+        "parallel_admission": [_prop("tp4", "parallel_admission", {"tp_size": 2, "dp_size": 2}, 1.6),
+                               _prop("dp2", "parallel_admission", {"dp_size": 2}, 1.2)]})
+    inputs = RoundInputs(brief=_brief(gpus=4), stats={}, tested={}, gate_failures={})
+    plan = plan_round(inputs, [fake], guardrails=Guardrails.for_endpoint(spec), predictor=None, max_experiments=4,
+                      n_directions=3)
+    assert sorted(p.id for p in plan.proposals) == ["dp2", "mixed"]
+    reasons = {r["proposal_id"]: " ".join(r["reasons"]) for r in plan.rejected}
+    assert "chunked_prefill_size is locked by the endpoint's guardrails" in reasons["locked"]
+    assert "quantization=fp8: lossy" in reasons["fp8"] and "lossless changes only" in reasons["fp8"]
+    assert "tp_size x dp_size = 4 exceeds the deployment's 2 GPU(s)" in reasons["tp4"]
+    # without the operator's limits the same proposals pass these checks (the hardware has 4 GPUs)
+    free = plan_round(RoundInputs(brief=_brief(gpus=4), stats={}, tested={}, gate_failures={}), [fake],
+                      guardrails=Guardrails(gpus=4), predictor=None, max_experiments=5, n_directions=3)
+    assert {"locked", "fp8", "tp4"} <= {p.id for p in free.proposals}

@@ -1,5 +1,6 @@
 """The campaign loop end to end on the emulator: it proposes, tests, learns, stops and leaves a report."""
 import json
+import subprocess
 import time
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from autoresearch_dagster.agents.proposal import Proposal, Session
 from autoresearch_dagster.campaign.review import approvals, record_approval
 from autoresearch_dagster.campaign.state import CampaignState
+from autoresearch_dagster.memory import Memory, MemoryVersionError
 
 from ..agents.helpers import small_endpoint
 from .helpers import TINY, runner, settings
@@ -49,6 +51,11 @@ def test_a_campaign_researches_on_its_own_and_ends_with_a_report_and_a_review_pa
     assert r.results.query("SELECT who, decision FROM approvals") == [("ops-lead", "approve")]
     st = CampaignState.load(tmp_path / "campaign" / "state.json")
     assert st.status == "ended" and st.phase == "end"
+    # the memory is a repository of its own with one commit per closed round, and nothing failed to version
+    assert report["memory"] == {"root": str(tmp_path / "memory"), "problems": []}
+    history = subprocess.run(["git", "-C", str(tmp_path / "memory"), "log", "--format=%s"], capture_output=True,
+                             text=True).stdout.splitlines()
+    assert len(history) == len(st.rounds) and all(st.campaign_id in h for h in history)
     # each experiment's fresh baseline anchors are runs of their own (seeds differ between experiments), stable
     # across a resume (derived from the era and the proposal)
     anchor_seeds = [tuple(a["seed"] for a in json.loads(p.read_text())["anchors"])
@@ -82,11 +89,23 @@ class Scripted:
             falsification="refuted if not better")])
 
 
-def test_a_failed_correctness_gate_is_a_verdict_and_the_loop_goes_on(tmp_path):
+class Unversioned(Memory):
+    """A memory whose repository refuses every commit (a broken .git, no git on the PATH)."""
+
+    def commit(self, message):
+        raise MemoryVersionError("git commit failed: no space left on device")
+
+
+def test_a_failed_correctness_gate_is_a_verdict_and_the_loop_goes_on(tmp_path, caplog):
     s = settings(max_experiments=2)
     s.directions_per_round, s.experiments_per_round = 1, 1
     r = runner(tmp_path, settings_=s, proposers=[Scripted()])
+    r.memory = Unversioned(r.memory.root)
     report = r.run()
+    # a memory that cannot be versioned is warned about and kept in the report, round by round, not swallowed
+    assert len(report["memory"]["problems"]) == len(r.state.rounds) == 2
+    assert all("no space left" in m for m in report["memory"]["problems"])
+    assert "memory not versioned" in caplog.text and len(r.memory.entries(r.endpoint.name)) == 2
     first, second = report["experiments"]
     assert first["intervention"] == {"quantization": "fp8"} and first["verdict"] == "invalid"
     assert first["correctness_passed"] is False and first["score"]["scored"] is False
@@ -105,6 +124,40 @@ def test_budgets_end_the_campaign_cleanly_with_its_state_saved(tmp_path):
     late.measure()  # cut to the deadline's time; the deadline may not have passed yet when it returns
     time.sleep(max(0.0, late.time_left()) + 0.05)
     assert late.plan() is None and late.state.ended_because.startswith("deadline")
+
+
+class TwoIdeas:
+    """A proposer with two lossless ideas in one session."""
+    name = "two"
+
+    def propose(self, brief, tools):
+        return Session(proposer=self.name, direction=brief.direction, proposals=[Proposal(
+            id=f"{pid}-{brief.round}", endpoint=brief.endpoint, proposer=self.name, source="script",
+            direction=brief.direction, explanation="a scripted idea to test the budget",
+            intervention={"changes": [{"knob": k, "value": v}]},
+            prediction={"capacity_ratio": 1.2, "ratio_low": 1.05, "ratio_high": 1.4, "basis": "script"},
+            falsification="refuted if not better")
+            for pid, k, v in (("mixed", "enable_mixed_chunk", True), ("cons", "schedule_conservativeness", 0.8))])
+
+
+def test_an_experiment_that_would_overrun_the_gpu_hour_budget_is_not_started(tmp_path):
+    s = settings(max_experiments=4)
+    s.directions_per_round, s.experiments_per_round = 1, 2
+    r = runner(tmp_path, settings_=s, proposers=[TwoIdeas()])
+    r.measure()
+    noise_s, cost = r.state.era.noise["gpu_seconds"], r.experiment_gpu_seconds()
+    assert cost > 0
+    # room for one experiment after the noise floor, not for two: the round's second is not started
+    r.settings.budget.max_gpu_hours = (noise_s + 1.5 * cost) / 3600
+    r.diagnose()
+    plan = r.plan()
+    assert plan is not None and len(plan.proposals) == 2
+    records = r.run_round(plan)
+    assert [rec["proposal_id"] for rec in records] == [plan.proposals[0].id]
+    r.close(plan, records)
+    assert r.state.spent["gpu_seconds"] <= r.settings.budget.max_gpu_hours * 3600
+    # and a campaign whose budget cannot pay for the next experiment ends before it plans one
+    assert r.plan() is None and "an experiment needs" in r.state.ended_because
 
 
 def test_an_interrupted_campaign_resumes_where_it_stopped(tmp_path):
