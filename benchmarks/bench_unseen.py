@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -149,10 +150,12 @@ def run_campaign(spec: Path, pool: Path | None, workdir: Path, budget: int, time
     env = dict(os.environ, PYTHONPATH=str(ROOT), AUTORESEARCH_REDACTION_KEY="bench-unseen")
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout_s)
-        rc, err = proc.returncode, proc.stderr + proc.stdout
+        with (workdir / "campaign.log").open("w") as log:  # its narration, to follow a long run (--keep)
+            proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                  timeout=timeout_s)
+        rc, err = proc.returncode, (workdir / "campaign.log").read_text()
     except subprocess.TimeoutExpired as e:
-        rc, err = "timeout", f"{e.stderr or ''}"[-2000:]
+        rc, err = "timeout", (workdir / "campaign.log").read_text()[-3000:]
     out = {"rc": rc, "wall_s": time.monotonic() - t0}
     report_path, state_path = workdir / "c" / "campaign.json", workdir / "c" / "state.json"
     if rc != 0 or not report_path.exists():
@@ -251,6 +254,10 @@ def summarize(rows: list[dict]) -> list[str]:
         if "error" in r:
             lines.append(f"{head} CAMPAIGN FAILED (rc {r['rc']}): {r['error'].strip().splitlines()[-1] if r['error'].strip() else ''}")
             continue
+        if r.get("reference_error"):
+            lines.append(f"{head} {r['experiments']:3d} reference failed: {r['reference_error']}; verdicts "
+                         f"{','.join(v or '-' for v in r['verdicts'])}")
+            continue
         if r.get("no_capacity"):
             lines.append(f"{head} {r['experiments']:3d} production config meets the SLA at no rate on the true engine "
                          f"({r['ended_because']})")
@@ -296,10 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="processes for the reference's true capacities")
     ap.add_argument("--campaign-timeout", type=float, default=3600.0, help="seconds per campaign")
     ap.add_argument("--quick", action="store_true", help="n=2, budget 3, ref-trials 10, grid 20")
+    ap.add_argument("--campaign-args", default="", help="extra `campaign run` options (e.g. '--noise-runs 3')")
     ap.add_argument("--only", type=int, help="run only endpoint i of the draw (to time one)")
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--keep", help="keep each endpoint's campaign directory under this path")
+    ap.add_argument("--summarize", nargs="+", metavar="ROWS_JSON",
+                    help="run nothing: print the table and targets of rows saved with --out (e.g. --only runs in parallel)")
     args = ap.parse_args(argv)
+    if args.summarize:
+        rows = [r for f in args.summarize for r in json.loads(Path(f).read_text())]
+        for line in summarize(rows):
+            print(line)
+        return 0
     if args.quick:
         args.n, args.budget_experiments, args.ref_trials, args.grid_max = 2, 3, 10, 20
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000_007
@@ -318,14 +333,22 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(tmp)
             spec, pool = u.write(work)
             print(f"[{time.monotonic() - t0:6.0f} s] {u.name}: {u.sla}, production {u.server_config}", flush=True)
-            camp = run_campaign(spec, pool, work, args.budget_experiments, args.campaign_timeout)
-            ref = None
+            camp = run_campaign(spec, pool, work, args.budget_experiments, args.campaign_timeout,
+                                shlex.split(args.campaign_args))
+            print(f"[{time.monotonic() - t0:6.0f} s]   campaign: rc {camp['rc']}, {camp['wall_s']:.0f} s", flush=True)
+            ref, ref_error = None, None
             if "error" not in camp:
-                promoted = camp["eras"]
-                ref = reference(load_endpoint(spec), spec, camp["pool"], promoted, trials=args.ref_trials,
-                                grid_max=args.grid_max, workers=args.workers, seed=seed % 2**31)
+                try:
+                    ref = reference(load_endpoint(spec), spec, camp["pool"], camp["eras"], trials=args.ref_trials,
+                                    grid_max=args.grid_max, workers=args.workers, seed=seed % 2**31)
+                except Exception as e:  # noqa: BLE001 -- the campaign's row is still reported
+                    ref_error = f"{type(e).__name__}: {e}"
             row = score(u, camp, ref)
+            if ref_error:
+                row["reference_error"] = ref_error
             rows.append(row)
+            if args.out:
+                Path(args.out).write_text(json.dumps(rows, default=str, indent=1))
             print(f"[{time.monotonic() - t0:6.0f} s]   " + json.dumps(
                 {k: row.get(k) for k in ("experiments", "gain", "ref_gain", "share", "false_better", "verdicts",
                                          "ended_because", "error")}, default=str)[:1500], flush=True)
