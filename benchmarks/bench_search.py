@@ -117,19 +117,24 @@ def _pool(name: str):
     return _W[key]
 
 
-def truth(task: tuple[str, dict]) -> tuple[str, str, float | None]:
-    """(bench, config hash, capacity on the endpoint's own engine with noise off; None: it cannot run)."""
-    name, config = task
-    ep = _bench(name).endpoint()
+def true_capacity(ep, pool, config: dict) -> float | None:
+    """A config's capacity on the endpoint's own engine (its hidden factors) with the run-to-run noise off (same
+    seeds, same capacity search, ``PROFILE``); None: it cannot run. Shared with ``bench_unseen``."""
     if static_problem(config, ep.gpus):
-        return name, config_hash(config), None
+        return None
     try:
         dep = EmulatorEngine(ep, noise=NoiseSettings.off()).deploy(config, seed=0)
     except Exception:  # noqa: BLE001 -- a config the engine refuses (does not fit) has no capacity
-        return name, config_hash(config), None
-    res = find_capacity(dep, _pool(name), ep.sla, gpus=ep.gpus, model=ep.model, settings=PROFILE.capacity, seed=0)
+        return None
+    res = find_capacity(dep, pool, ep.sla, gpus=ep.gpus, model=ep.model, settings=PROFILE.capacity, seed=0)
     cap = res.capacity_interp_rps if res.capacity_interp_rps is not None else res.capacity_rps
-    return name, config_hash(config), float(cap or 0.0)
+    return float(cap or 0.0)
+
+
+def truth(task: tuple[str, dict]) -> tuple[str, str, float | None]:
+    """(bench, config hash, capacity on the endpoint's own engine with noise off; None: it cannot run)."""
+    name, config = task
+    return name, config_hash(config), true_capacity(_bench(name).endpoint(), _pool(name), config)
 
 
 def _gate(ep, baseline: dict, config: dict, pool) -> dict:
@@ -288,8 +293,20 @@ def _init(pools: dict[str, str], logs: str | None = None) -> None:
 
 def reference_configs(name: str, screen: dict[str, float | None], default_cap: float) -> list[dict]:
     """The grid over the knobs that matter on the true engine (from the one-at-a-time screen)."""
-    ep, base = _bench(name).endpoint(), _base(name)
-    space = SearchSpace.full(ep.gpus, base)
+    return grid_configs(_bench(name).endpoint().gpus, _base(name), screen, default_cap)
+
+
+def screen_configs(gpus: int, base: dict) -> list[dict]:
+    """The one-at-a-time screen around the production config ``base``: every knob value of the full space, and base."""
+    space = SearchSpace.full(gpus, base)
+    return [space.config({k: v}, base) for k, vals in space.choices.items() for v in vals] + [base]
+
+
+def grid_configs(gpus: int, base: dict, screen: dict[str, float | None], default_cap: float,
+                 max_grid: int = MAX_GRID) -> list[dict]:
+    """The exhaustive grid over the ``TOP_KNOBS`` knobs with the largest effect in the screen (config hash ->
+    true capacity) around ``base``, trimmed to at most ``max_grid`` points. Shared with ``bench_unseen``."""
+    space = SearchSpace.full(gpus, base)
     effect: dict[str, list[tuple[float, object]]] = {}
     for knob, vals in space.choices.items():
         for v in vals:
@@ -303,15 +320,15 @@ def reference_configs(name: str, screen: dict[str, float | None], default_cap: f
     def size() -> int:
         return math.prod(len(set(map(repr, [base.get(k)] + v[:keep]))) for k, v in values.items())
 
-    while size() > MAX_GRID and keep > 2:
+    while size() > max_grid and keep > 2:
         keep -= 1
-    while size() > MAX_GRID and len(values) > 2:
+    while size() > max_grid and len(values) > 2:
         values.pop(list(values)[-1])  # the knob with the smallest effect
     grid = {k: list(dict.fromkeys([base.get(k)] + v[:keep])) for k, v in values.items()}  # the production value too
     out = []
     for combo in itertools.product(*grid.values()):
         cfg = space.config(dict(zip(grid, combo)), base)
-        if not static_problem(cfg, ep.gpus):
+        if not static_problem(cfg, gpus):
             out.append(cfg)
     return out
 
@@ -369,11 +386,7 @@ def main() -> int:
                 return cache.get(f"{proto}:{name}:{config_hash(cfg)}")
 
             print("phase 1: one-at-a-time screen on the true engines", flush=True)
-            screens = {}
-            for b in benches:
-                base = _base(b.name)
-                space = SearchSpace.full(b.endpoint().gpus, base)
-                screens[b.name] = [space.config({k: v}, base) for k, vals in space.choices.items() for v in vals] + [base]
+            screens = {b.name: screen_configs(b.endpoint().gpus, _base(b.name)) for b in benches}
             truths([(b.name, c) for b in benches for c in screens[b.name]])
             grids = {b.name: reference_configs(b.name, {config_hash(c): cap_of(b.name, c) for c in screens[b.name]},
                                                cap_of(b.name, _base(b.name)) or 0.0) for b in benches}
