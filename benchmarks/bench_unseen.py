@@ -4,7 +4,7 @@ each researched by ``autoresearch campaign run`` and scored against a strong ref
 Each endpoint draws, from ``random.Random(f"unseen-{seed}-{i}")``: a model of the emulator's config.json catalog
 (``emulator.catalog.MODELS``), a GPU type and the fewest GPUs (sometimes twice as many) its weights fit on, its
 traffic (the supported trace formats: the bundled azure, burstgpt and mooncake samples and the demo's OpenAI chat
-logs, or a synthetic shape of ``benchmarks.suite.SHAPES``; each kind in turn, shuffled, so N >= 7 covers them all),
+logs, or a synthetic shape of ``benchmarks.suite.SHAPES``; each kind in turn, shuffled, so N >= 8 covers them all),
 an SLA (TTFT with ITL, TTFT with TPOT, or TTFT only), a production config of plausible operator settings (the
 parallel degrees it needs, up to two non-lossy knobs) and hidden efficiency factors of the true engine
 (``engine_options.hidden_factors_seed``, a 7-digit draw, never one of the suite's).

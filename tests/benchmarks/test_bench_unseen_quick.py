@@ -5,13 +5,15 @@ import json
 
 from benchmarks import bench_unseen as bu
 from autoresearch_dagster.agents.search import static_problem
-from autoresearch_dagster.spec import load_endpoint, validate_server_config
+from autoresearch_dagster.spec import SLA, load_endpoint, validate_server_config
 
 
 def test_the_generator_is_deterministic_covers_every_traffic_kind_and_writes_valid_specs(tmp_path):
-    a, b = bu.generate(97531, 7), bu.generate(97531, 7)
-    assert a == b and bu.generate(97532, 7) != a
-    assert {u.traffic for u in a} == set(bu.TRAFFIC)  # every trace format and synthetic shape once in 7
+    n = len(bu.TRAFFIC)  # every trace format and synthetic shape once in a draw of that many
+    a, b = bu.generate(97531, n), bu.generate(97531, n)
+    assert a == b and bu.generate(97532, n) != a
+    assert {u.traffic for u in a} == set(bu.TRAFFIC)
+    assert {u.traffic for u in bu.generate(97531, n - 1)} != set(bu.TRAFFIC)
     kinds = {u.sla_kind for s in (11, 12, 13) for u in bu.generate(s, 7)}
     assert kinds == {"ttft+itl", "ttft+tpot", "ttft"}
     for u in a:
@@ -20,7 +22,7 @@ def test_the_generator_is_deterministic_covers_every_traffic_kind_and_writes_val
         validate_server_config(u.server_config)
         spec, pool = u.write(tmp_path / u.name)
         ep = load_endpoint(spec)
-        assert ep.gpus == u.gpus and ep.sla == u.sla and (pool is None) == (u.traffic in bu.TRACES)
+        assert ep.gpus == u.gpus and ep.sla == SLA.parse(u.sla) and (pool is None) == (u.traffic in bu.TRACES)
         assert ("itl_p99" in u.sla) == (u.sla_kind == "ttft+itl") and ("tpot_p99" in u.sla) == (u.sla_kind == "ttft+tpot")
 
 
