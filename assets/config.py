@@ -1,7 +1,10 @@
-"""Owns the run config of confirmed_baseline and the run tag the promotion back-edge uses."""
+"""Owns the run config of confirmed_baseline, the run tag the promotion back-edge uses and the name of
+the GPU concurrency pool."""
 import dagster as dg
 
 PROMOTED_FROM_TAG = "autoresearch/promoted_from_run"
+# Every step that runs load on an engine takes one slot of this pool; the instance config sizes it to the GPUs.
+GPU_POOL = "gpu"
 
 
 class BaselineConfig(dg.Config):

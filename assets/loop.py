@@ -1,9 +1,9 @@
 """Owns the loop assets: confirmed_baseline (root), noise_baseline (with the blocking replay_vs_production
 check: the pool replayed on the production config against what production did), diagnostic_report, proposals,
-experiment_results (one step per experiment, each taking a slot of the ``gpu`` concurrency pool; the
-blocking correctness_gate check), promotion_decision and campaign_report. Thin: each steps the core's
-``CampaignRunner`` once and attaches metadata; the campaign's state, rounds, traces and review package
-live in the artifact store, rows in the results lake. The back edges (promotion, the next round, the
+experiment_results (one step per experiment; the blocking correctness_gate check), promotion_decision and
+campaign_report; every step that loads an engine takes a slot of the ``gpu`` concurrency pool. Thin: each
+steps the core's ``CampaignRunner`` once and attaches metadata; the campaign's state, rounds, traces and
+review package live in the artifact store, rows in the results lake. The back edges (promotion, the next round, the
 report at the end) are sensors, not dependencies."""
 import json
 import math
@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets.config import PROMOTED_FROM_TAG, BaselineConfig
+from assets.config import GPU_POOL, PROMOTED_FROM_TAG, BaselineConfig
 from assets.metadata import png_markdown
 from assets.partitions import EAGER, endpoints
 from autoresearch_dagster.outputs.files import json_safe
@@ -115,7 +115,7 @@ def confirmed_baseline(context: dg.AssetExecutionContext, config: BaselineConfig
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"parquet", "json"}, automation_condition=EAGER,
-          deps=[confirmed_baseline, POOL, ENGINE])
+          deps=[confirmed_baseline, POOL, ENGINE], pool=GPU_POOL)
 def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
                    settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
                    memory: MemoryStore, campaign: CampaignResource) -> dg.MaterializeResult:
@@ -149,7 +149,7 @@ def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry
                   "report": dg.MetadataValue.md(md), "plot": dg.MetadataValue.path(str(plot))})
 
 
-@dg.asset_check(asset=noise_baseline, blocking=True, partitions_def=endpoints,
+@dg.asset_check(asset=noise_baseline, blocking=True, partitions_def=endpoints, pool=GPU_POOL,
                 # requested with noise_baseline, so a tick can request what is below it in the same run
                 automation_condition=dg.AutomationCondition.any_deps_updated(),
                 description="The pool replays as production ran: the production config replays it at production "
@@ -197,7 +197,7 @@ def replay_vs_production(context: dg.AssetCheckExecutionContext, registry: Endpo
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json", "markdown"}, automation_condition=EAGER,
-          deps=[confirmed_baseline, noise_baseline, POOL, ENGINE])
+          deps=[confirmed_baseline, noise_baseline, POOL, ENGINE], pool=GPU_POOL)
 def diagnostic_report(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
                       settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
                       memory: MemoryStore, campaign: CampaignResource) -> dg.MaterializeResult:
@@ -258,7 +258,7 @@ def round_experiments(context: dg.OpExecutionContext, registry: EndpointRegistry
                                .replace("=", "_").replace("+", "_"))
 
 
-@dg.op(pool="gpu", retry_policy=dg.RetryPolicy(max_retries=1))
+@dg.op(pool=GPU_POOL, retry_policy=dg.RetryPolicy(max_retries=1))
 def run_experiment_step(context: dg.OpExecutionContext, proposal_id: str, registry: EndpointRegistry,
                         engines: EngineFactory, settings: MeasurementSettings, store: ArtifactStore,
                         lake: ResultsLakeResource, memory: MemoryStore, campaign: CampaignResource) -> dict:

@@ -1,9 +1,11 @@
 """Owns the Dagster instance of the project and single in-process runs: DAGSTER_HOME's dagster.yaml
-rendered from ``dagster_home/<storage>/``, the persistent instance, one run of the asset job for one
-endpoint partition, and one observation of the engine version."""
+rendered from ``dagster_home/<storage>/`` (with the GPU slots of the ``gpu`` pool), the persistent
+instance, one run of the asset job for one endpoint partition, and one observation of the engine version."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import dagster as dg
@@ -19,11 +21,34 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 STORAGE_TEMPLATES = PROJECT_ROOT / "dagster_home"
 
 
+def gpu_slots() -> int:
+    """The slots of the ``gpu`` pool: AUTORESEARCH_GPU_SLOTS, else the NVIDIA GPUs this host sees
+    (CUDA_VISIBLE_DEVICES when set, else ``nvidia-smi -L``), else 1 (an emulated endpoint's one GPU)."""
+    if raw := os.environ.get("AUTORESEARCH_GPU_SLOTS"):
+        try:
+            slots = int(raw)
+        except ValueError:
+            slots = -1
+        if slots < 1:
+            raise SpecError(f"AUTORESEARCH_GPU_SLOTS={raw!r}: the GPU slots must be a whole number >= 1")
+        return slots
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return max(1, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        return max(1, sum(1 for line in out.splitlines() if line.startswith("GPU ")))
+    return 1
+
+
 def prepare_dagster_home(home: str | Path | None = None, storage: str | None = None) -> Path:
     """Render ``$DAGSTER_HOME/dagster.yaml`` from ``dagster_home/<storage>/dagster.yaml``.
 
     ``storage`` defaults to AUTORESEARCH_DAGSTER_STORAGE, else ``sqlite``; DAGSTER_HOME defaults to
-    the project-local ``.dagster_home``. dagster.yaml has no conditionals and an unset ``{env: X}``
+    the project-local ``.dagster_home``; the ``gpu`` pool's default limit is ``gpu_slots()``. dagster.yaml has no conditionals and an unset ``{env: X}``
     fails at load, so the optional Postgres password line is dropped when DAGSTER_PG_PASSWORD is unset.
     """
     home = Path(home or os.environ.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home").resolve()
@@ -32,7 +57,7 @@ def prepare_dagster_home(home: str | Path | None = None, storage: str | None = N
     if not template.exists():
         raise SpecError(f"unknown instance storage {storage!r}; choose one of: "
                          f"{', '.join(sorted(p.name for p in STORAGE_TEMPLATES.iterdir() if p.is_dir()))}")
-    text = template.read_text()
+    text = template.read_text().replace("{gpu_slots}", str(gpu_slots()))
     if storage == "postgres":
         missing = [v for v in ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USERNAME", "DAGSTER_PG_DB")
                    if not os.environ.get(v)]
