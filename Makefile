@@ -1,10 +1,11 @@
-# The two commands: `make run` (main job on the embedded emulator) and `make test`.
+# The two commands: `make run` (main job on the embedded emulator) and `make test`; `make up` runs the
+# deployment (webserver + daemon, `autoresearch serve`; STORAGE=postgres for PostgreSQL).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: run test venv dev bench clean sglang-parser bench-runner real-engine
+.PHONY: run up test venv dev bench clean sglang-parser bench-runner real-engine
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +17,9 @@ venv: $(VENV)/.installed
 
 run: $(VENV)/.installed
 	$(PY) -m autoresearch_dagster run --endpoint examples/endpoints/demo.yaml
+
+up: $(VENV)/.installed
+	$(PY) -m jobs.serve $(if $(STORAGE),--storage $(STORAGE))
 
 test: $(VENV)/.installed
 	bash scripts/test.sh
