@@ -45,6 +45,7 @@ from sensors import (  # noqa: E402
     endpoint_discovery_sensor,
     loop_automation,
     new_logs_sensor,
+    orphaned_run_sensor,
     promotion_sensor,
 )
 
@@ -77,7 +78,8 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
         # the automation sensor observes engine_version on its cron; this job does it on demand
         jobs=[dg.define_asset_job(OBSERVE_ENGINE_JOB, selection=dg.AssetSelection.assets("engine_version")),
               approve_production],
-        sensors=[endpoint_discovery_sensor, promotion_sensor, campaign_sensor, new_logs_sensor, loop_automation],
+        sensors=[endpoint_discovery_sensor, promotion_sensor, campaign_sensor, new_logs_sensor, loop_automation,
+                 orphaned_run_sensor],
         resources={
             "registry": EndpointRegistry(
                 spec_dir=spec_dir or _path("AUTORESEARCH_ENDPOINTS", "examples/endpoints"),

@@ -20,6 +20,7 @@ from jobs.instance import QUIET, execute, instance, observe_engine_version
 from resources import CampaignResource, MeasurementSettings
 from sensors import campaign_sensor, endpoint_discovery_sensor, promotion_sensor
 from sensors.discovery import FIRST_RUN_ASSETS
+from sensors.orphans import fail_orphaned_runs
 
 ROUND_ASSETS = ["noise_baseline", "diagnostic_report", "proposals", "experiment_results", "promotion_decision"]
 MAIN_TAG = "autoresearch/main_job"
@@ -124,6 +125,8 @@ def run_main_job(endpoint_path: str | Path, *, out_dir: str | Path | None = None
                       memory_dir=str(out / "memory"))
     registry = defs.resources["registry"]
     say(f"instance: {inst.root_directory} ({type(inst.run_storage).__name__}); artifacts: {out}")
+    for run_id in fail_orphaned_runs(inst):  # a killed earlier driver would otherwise hold its GPU slot forever
+        say(f"  run {run_id} was killed mid-flight: marked failed, its GPU slot given back")
 
     # A demo run starts a campaign from the spec's config: the previous run's working files move aside
     # (the results lake and the memory keep every row).

@@ -50,7 +50,7 @@ def test_experiments_fan_out_one_step_each_on_the_gpu_pool():
 def test_sensors_run_by_default_and_automation_covers_the_source_asset():
     sensors = {s.name: s for s in defs.sensors}
     assert set(sensors) == {"endpoint_discovery_sensor", "promotion_sensor", "campaign_sensor", "new_logs_sensor",
-                            "loop_automation"}
+                            "loop_automation", "orphaned_run_sensor"}
     for s in sensors.values():
         assert s.default_status == dg.DefaultSensorStatus.RUNNING, s.name
     auto = sensors["loop_automation"]
@@ -81,7 +81,8 @@ def test_run_command_is_registered_and_reports_user_errors(tmp_path, capsys, mon
 
 def test_the_core_reaches_the_main_job_only_through_the_commands_entry_point():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["entry-points"]["autoresearch.commands"] == {"run": "jobs.main_job:register"}
+    assert project["entry-points"]["autoresearch.commands"] == {"run": "jobs.main_job:register",
+                                                                "serve": "jobs.serve:register"}
     probe = ("import sys; import autoresearch_dagster.cli as cli; "
              "layer = {'dagster', 'jobs', 'resources', 'assets', 'sensors'}; "
              "print(sorted(layer & set(sys.modules))); cli.build_parser(); print('jobs.main_job' in sys.modules)")
