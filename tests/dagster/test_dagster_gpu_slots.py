@@ -1,6 +1,8 @@
 """The ``gpu`` pool bounds GPU work: a real multiprocess run of five experiment steps on an instance the
-project renders with two GPU slots never runs more than two at once, and finishes all five."""
+project renders with two GPU slots (SQLite, and PostgreSQL where scripts/test.sh started one) never runs
+more than two at once, and finishes all five."""
 import json
+import os
 import time
 from pathlib import Path
 
@@ -62,10 +64,29 @@ def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def _fresh_postgres_db(monkeypatch) -> None:
+    if not os.environ.get("DAGSTER_PG_HOST"):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("DAGSTER_PG_* not set in CI: scripts/test.sh must start PostgreSQL (scripts/pg.sh)")
+        pytest.skip("no PostgreSQL server: run through scripts/test.sh")
+    import psycopg2
+
+    db = f"slots_{os.getpid()}"
+    conn = psycopg2.connect(host=os.environ["DAGSTER_PG_HOST"], port=os.environ["DAGSTER_PG_PORT"],
+                            user=os.environ["DAGSTER_PG_USERNAME"], dbname=os.environ["DAGSTER_PG_DB"])
+    conn.autocommit = True
+    conn.cursor().execute(f"CREATE DATABASE {db}")
+    conn.close()
+    monkeypatch.setenv("DAGSTER_PG_DB", db)
+
+
 @pytest.mark.timeout(120)
-def test_two_gpu_slots_run_five_experiments_two_at_a_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("storage", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_gpu_slots_run_five_experiments_two_at_a_time(storage, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_GPU_SLOTS", "2")
-    home = prepare_dagster_home(tmp_path / "home", storage="sqlite")
+    if storage == "postgres":
+        _fresh_postgres_db(monkeypatch)
+    home = prepare_dagster_home(tmp_path / "home", storage=storage)
     assert "default_limit: 2" in (home / "dagster.yaml").read_text()
     trace = tmp_path / "trace"
     trace.mkdir()
