@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import dagster as dg
 from autoresearch_dagster.definitions import OBSERVE_ENGINE_JOB, PROJECT_ROOT
 from autoresearch_dagster.outputs.files import atomic_write_text
 from autoresearch_dagster.spec import SpecError
+from sensors.orphans import HOST_TAG
 
 # Dagster's console logger stays quiet in the main job: its driver reports each run itself
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -85,12 +87,14 @@ def execute(defs: dg.Definitions, instance: dg.DagsterInstance, partition: str, 
         job = job.get_subset(asset_selection=set(assets), asset_check_selection=set(checks))
         assets = None
     return job.execute_in_process(instance=instance, partition_key=partition, asset_selection=assets,
-                                  run_config=run_config, tags=tags, raise_on_error=raise_on_error)
+                                  run_config=run_config, tags={**(tags or {}), HOST_TAG: socket.gethostname()},
+                                  raise_on_error=raise_on_error)
 
 
 def observe_engine_version(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     """One observation run of the engine_version source asset."""
-    return defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=instance, run_config=QUIET)
+    return defs.resolve_job_def(OBSERVE_ENGINE_JOB).execute_in_process(instance=instance, run_config=QUIET,
+                                                                       tags={HOST_TAG: socket.gethostname()})
 
 
 if __name__ == "__main__":

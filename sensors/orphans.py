@@ -4,15 +4,19 @@ re-executes it from failure (the steps that finished are not rerun).
 
 Dagster's run monitoring detects dead workers only for launchers that can check a worker's health
 (Docker, Kubernetes, ECS); the default launcher starts workers as local processes and cannot, so this
-sweep checks the process that started each run on this host."""
+sweep checks the process that started each run on this host: runs the default launcher started (on the
+daemon's host), and in-process runs tagged with this host's name (``HOST_TAG``)."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import dagster as dg
 
 ORPHAN_TAG = "autoresearch/orphaned"
+# The host that executes a run in process (jobs.instance.execute): a pid means something only there.
+HOST_TAG = "autoresearch/host"
 
 
 def _process_start(pid: int) -> float | None:
@@ -51,9 +55,11 @@ def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
 
     if not isinstance(instance.run_launcher, DefaultRunLauncher):
         return []  # workers elsewhere: the launcher's own health check (run monitoring) owns them
-    failed = []
+    failed, here = [], socket.gethostname()
     for record in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
         run = record.dagster_run
+        if run.tags.get(HOST_TAG, here) != here:
+            continue  # another host's process: its own sweep judges it
         pid = run_worker_pid(instance, run.run_id)
         if pid is None:
             continue
