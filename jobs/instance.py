@@ -50,8 +50,9 @@ def prepare_dagster_home(home: str | Path | None = None, storage: str | None = N
     """Render ``$DAGSTER_HOME/dagster.yaml`` from ``dagster_home/<storage>/dagster.yaml``.
 
     ``storage`` defaults to AUTORESEARCH_DAGSTER_STORAGE, else ``sqlite``; DAGSTER_HOME defaults to
-    the project-local ``.dagster_home``; the ``gpu`` pool's default limit is ``gpu_slots()``. dagster.yaml has no conditionals and an unset ``{env: X}``
-    fails at load, so the optional Postgres password line is dropped when DAGSTER_PG_PASSWORD is unset.
+    the project-local ``.dagster_home``; the ``gpu`` pool's default limit is ``gpu_slots()``.
+    dagster.yaml has no conditionals and an unset ``{env: X}`` fails at load, so the optional Postgres
+    password line is dropped when DAGSTER_PG_PASSWORD is unset.
     """
     home = Path(home or os.environ.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home").resolve()
     storage = storage or os.environ.get("AUTORESEARCH_DAGSTER_STORAGE", "sqlite")

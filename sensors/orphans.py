@@ -69,10 +69,10 @@ def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
         instance.add_run_tags(run.run_id, {ORPHAN_TAG: "true"})
         # UNEXPECTED_TERMINATION, not a step failure: the run-retry daemon retries it even when asset failures
         # are not retried (run_retries.retry_on_asset_or_op_failure: false in the instance config)
+        crashed = JobFailureData(error=None, first_step_failure_event=None,
+                                 failure_reason=RunFailureReason.UNEXPECTED_TERMINATION)
         instance.report_run_failed(run, f"run worker (pid {pid}) is gone: the run was killed mid-flight; "
-                                        "it resumes from failure (finished steps are kept)",
-                                   job_failure_data=JobFailureData(error=None, first_step_failure_event=None,
-                                                                   failure_reason=RunFailureReason.UNEXPECTED_TERMINATION))
+                                        "it resumes from failure (finished steps are kept)", job_failure_data=crashed)
         if instance.event_log_storage.supports_global_concurrency_limits:
             instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         failed.append(run.run_id)

@@ -100,7 +100,7 @@ def test_two_gpu_slots_run_five_experiments_two_at_a_time(storage, tmp_path, mon
             assert result.output_for_node("collect") == list(range(EXPERIMENTS))
         info = instance.event_log_storage.get_concurrency_info(GPU_POOL)
         assert info.slot_count == 2 and info.active_slot_count == 0  # every slot given back
-    intervals = [(json.loads((trace / f"start_{i}.json").read_text()), json.loads((trace / f"end_{i}.json").read_text()))
+    intervals = [tuple(json.loads((trace / f"{edge}_{i}.json").read_text()) for edge in ("start", "end"))
                  for i in range(EXPERIMENTS)]
     assert _peak_overlap(intervals) == 2
 

@@ -1,7 +1,7 @@
 """Kill and resume: SIGKILL a run's process group mid-experiment, on the project's instance with two GPU
-slots. The run is left STARTED holding the interrupted step's slot until the orphaned-run sensor marks it failed (giving the
-slot back); re-executed from failure, as the run-retry daemon does, only the interrupted experiment
-runs again, and every experiment is counted once."""
+slots. The run is left STARTED holding the interrupted step's slot until the orphaned-run sensor marks
+it failed (giving the slot back); re-executed from failure, as the run-retry daemon does, only the
+interrupted experiment runs again, and every experiment is counted once."""
 import os
 import signal
 import socket
@@ -84,8 +84,9 @@ def test_a_killed_run_is_failed_frees_its_slot_and_resumes_without_rerunning_fin
                                       "loggers": {"console": {"config": {"log_level": "WARNING"}}},
                                       "ops": {"experiment": {"config": {"dir": str(trace)}}}}))
     env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    worker = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "job", "execute", "-m",
-                               "tests.dagster.test_dagster_kill_resume", "-j", "resumable_experiments", "-c", str(config)],
+    worker = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "job", "execute",
+                               "-m", "tests.dagster.test_dagster_kill_resume", "-j", "resumable_experiments",
+                               "-c", str(config)],
                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               start_new_session=True)
     try:
@@ -131,4 +132,5 @@ def test_a_killed_run_is_failed_frees_its_slot_and_resumes_without_rerunning_fin
         assert instance.event_log_storage.get_concurrency_info(GPU_POOL).active_slot_count == 0
     assert sorted(_lines(trace / "finished.log")) == list(range(EXPERIMENTS))  # each experiment counted once
     started = _lines(trace / "started.log")
-    assert started.count(INTERRUPTED) == 2 and all(started.count(i) == 1 for i in range(EXPERIMENTS) if i != INTERRUPTED)
+    assert started.count(INTERRUPTED) == 2
+    assert all(started.count(i) == 1 for i in range(EXPERIMENTS) if i != INTERRUPTED)
