@@ -16,14 +16,22 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class SpecAcceptance:
-    per_position: tuple[float, ...]
+    per_position: tuple[float, ...] = ()
     source: str = "measured"
+    accept_length: float | None = None  # a reported mean accept length, solved per draft depth
 
     def __post_init__(self):
-        if not self.per_position or any(not 0.0 <= p <= 1.0 for p in self.per_position):
-            raise ValueError("per_position acceptance must be a non-empty list of probabilities in [0, 1]")
+        if self.accept_length is None and not self.per_position:
+            raise ValueError("a measured acceptance needs per_position rates or an accept_length")
+        if any(not 0.0 <= p <= 1.0 for p in self.per_position):
+            raise ValueError("per_position acceptance must be probabilities in [0, 1]")
+        if self.accept_length is not None and self.accept_length < 1.0:
+            raise ValueError(f"accept length {self.accept_length} is below 1")
 
     def rates(self, steps: int) -> list[float]:
+        if self.accept_length is not None:  # capped at what ``steps`` can reach
+            al = min(self.accept_length, steps + 1.0)
+            return SpecAcceptance.from_accept_length(al, steps).rates(steps) if steps else []
         p = list(self.per_position)
         return (p + [p[-1]] * steps)[:steps]
 
@@ -54,3 +62,14 @@ class SpecAcceptance:
             else:
                 hi = mid
         return cls(((lo + hi) / 2,), "reported_accept_length")
+
+
+def acceptance_option(options: dict | None) -> SpecAcceptance | None:
+    """``engine_options: {spec_acceptance: PATH}`` (an acceptance distribution file) or
+    ``{spec_acceptance: 2.8}`` (a real server's reported mean accept length); None when unset."""
+    v = (options or {}).get("spec_acceptance")
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return SpecAcceptance(accept_length=float(v), source="reported_accept_length")
+    return SpecAcceptance.load(v)

@@ -45,3 +45,22 @@ def test_reported_accept_length_inverts_to_a_rate():
         SpecAcceptance.from_accept_length(6.0, 4)
     with pytest.raises(ValueError):
         SpecAcceptance((1.2,))
+
+
+def test_engine_options_carry_the_measured_acceptance_into_a_deployment(tmp_path):
+    from autoresearch_dagster.engines.emulator import EmulatorEngine
+    from autoresearch_dagster.spec import EndpointSpec
+
+    f = tmp_path / "acc.json"
+    f.write_text(json.dumps({"k": 2, "per_position": [0.5, 0.25]}))
+
+    def ep(opts):
+        return EndpointSpec(name="t", model="llama-3.1-8b", hardware={"gpu": "H100", "count": 1},
+                            sla="ttft_p99<=3000ms,tpot_p99<=60ms", engine_options=opts)
+
+    dep = EmulatorEngine(ep({"spec_acceptance": str(f)})).deploy(EAGLE)
+    assert list(dep.core.replicas[0].spec_rates) == [0.5, 0.25, 0.25, 0.25]
+    dep = EmulatorEngine(ep({"spec_acceptance": 3.0})).deploy(EAGLE)
+    assert dep.core.acceptance.mean_accept_length(4) == pytest.approx(3.0, abs=1e-6)
+    stock = EmulatorEngine(ep({})).deploy(EAGLE)
+    assert stock.core.acceptance is None and len(set(stock.core.replicas[0].spec_rates)) == 1
