@@ -123,7 +123,8 @@ def print_knob_effects(path: Path, points) -> None:
     """Published one-flag-changed pairs: the ratio candidate / baseline as printed against the emulator's, with the
     default factors and after calibrating on the baseline run (``emulator.knob_effects``). A pair whose two runs are
     both points of the main table (same page, same printed value) is marked: its runs' absolute figures were seen."""
-    from autoresearch_dagster.emulator.knob_effects import NOISE, evaluate_pairs, load_pairs, summarize
+    from autoresearch_dagster.emulator.knob_effects import (NOISE, evaluate_pairs, half_scores, load_pairs, pair_split,
+                                                            primary_rows, summarize)
 
     pairs = load_pairs(path)
     printed = {(p.url, round(p.value, 2)) for p in points}
@@ -158,6 +159,29 @@ def print_knob_effects(path: Path, points) -> None:
                   f"{s['calibrated_median']:.1%} worst {s['calibrated_worst']:.1%}; direction agrees (published "
                   f"changes within 5% count as none) {s['default_direction']:.0%} default, "
                   f"{s['calibrated_direction']:.0%} calibrated")
+    prim = primary_rows(report)
+    halves = {h: [r for r in prim if pair_split(r.pair) == h] for h in ("fit", "report")}
+    engines = sorted({r.pair.baseline.engine for r in prim})
+    for h in ("fit", "report"):
+        for eng in [None, *engines]:
+            rows = [r for r in halves[h] if eng is None or r.pair.baseline.engine == eng]
+            s = half_scores(rows, halves["fit"] if h == "report" else [])
+            who = "all engines" if eng is None else eng
+            if not s["n"]:
+                print(f"knob effects {h} half ({who}): {s['n_all']} pairs, none with a published change beyond 5%")
+                continue
+            cov = (f"Corrector 80% interval holds {s['coverage']:.0%} after the fit half's verdicts "
+                   f"({s['coverage_prior']:.0%} with its prior only)" if h == "report"
+                   else f"Corrector 80% interval (prior only) holds {s['coverage_prior']:.0%}")
+            print(f"knob effects {h} half ({who}): {s['n_all']} pairs, {s['n']} with a published change beyond 5%: "
+                  f"direction right {s['direction']:.0%}, median |log error| {s['median_log_error']:.1%} (worst "
+                  f"{s['worst_log_error']:.1%}), {cov}")
+    s = half_scores(halves["report"], halves["fit"])
+    if s["n"]:
+        met = {"direction >= 90%": s["direction"] >= 0.9, "median |log error| <= 8%": s["median_log_error"] <= 0.08,
+               "coverage 75-85%": 0.75 <= s["coverage"] <= 0.85, "table >= 80 pairs": len(pairs) >= 80}
+        print("knob-effect targets on the report half: " + "; ".join(f"{k} {'met' if v else 'NOT met'}"
+                                                                    for k, v in met.items()))
 
 
 def speed() -> float:

@@ -49,6 +49,7 @@ from autoresearch_dagster.emulator.cost import (COST_MODEL_VERSION, CostModel, E
                                                cost_model_fingerprint, cuda_graph_batch_sizes)
 from autoresearch_dagster.emulator.noise import NoiseSettings, NoiseSource
 from autoresearch_dagster.emulator.resolve import Resolved, resolve_config
+from autoresearch_dagster.emulator.spec_acceptance import SpecAcceptance
 from autoresearch_dagster.spec import KNOBS
 
 
@@ -252,6 +253,12 @@ class _Replica:
         self.spec_alpha = core.resolved.spec_alpha
         if self.spec_alpha and self.spec_topk > 1:  # a wider tree raises the chance one branch matches
             self.spec_alpha = 1 - (1 - self.spec_alpha) / math.sqrt(self.spec_topk)
+        # per-position acceptance: the measured distribution when given (it already reflects the drafter
+        # and tree it was measured with), else the algorithm's constant rate at every position
+        self.spec_rates = np.full(self.spec_steps, self.spec_alpha)
+        if self.spec_alpha and core.acceptance is not None:
+            self.spec_rates = np.asarray(core.acceptance.rates(self.spec_steps), dtype=float)
+            self.spec_alpha = float(self.spec_rates.mean()) or 1e-9  # stays truthy: speculative decoding is on
         self.spec_draft_steps = self.spec_steps if KNOBS["speculative_algorithm"].meaning(
             k["speculative_algorithm"]).draft_model else 0
         self.rng = np.random.default_rng(seed)
@@ -665,7 +672,7 @@ class _Replica:
         return int(np.minimum(self.ctx, w - self.off).sum()) + self.off * len(self.reqs)
 
     def _spec_accept(self, n: int) -> np.ndarray:
-        draws = self.rng.random((n, self.spec_steps)) < self.spec_alpha
+        draws = self.rng.random((n, self.spec_steps)) < self.spec_rates
         acc = 1 + np.cumprod(draws, axis=1).sum(axis=1)
         return np.minimum(acc, self.out - self.gen - self.off)
 
@@ -740,8 +747,10 @@ class EngineCore:
     """The emulated SGLang server's engine (one or ``dp_size`` replicas behind a round-robin router)."""
 
     def __init__(self, model: ModelCard, hw: GPUSpec, gpus: int, config: dict, *, seed: int = 0,
-                 noise: NoiseSettings | None = None, efficiency: Efficiency | None = None):
+                 noise: NoiseSettings | None = None, efficiency: Efficiency | None = None,
+                 acceptance: SpecAcceptance | None = None):
         self.model, self.hw, self.gpus = model, hw, gpus
+        self.acceptance = acceptance  # measured speculative acceptance, replacing the per-algorithm rate
         self.config = dict(config or {})
         self.resolved: Resolved = resolve_config(model, hw, gpus, self.config)
         self.knobs = self.resolved.knobs

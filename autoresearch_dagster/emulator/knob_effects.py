@@ -17,6 +17,7 @@ offline and closed-loop runs. A published change within ``NOISE`` is a "no chang
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -106,6 +107,10 @@ def load_pairs(path: str | Path) -> list[KnobPair]:
     """The knob pairs of a table file; SpecError (one line) on a malformed pair or a repeated id."""
     data = read_table(path, "knob-effect table")
     pairs = [_pair(d, str(path)) for d in data.get("pairs", [])]
+    for d in data.get("pairs", []):
+        if "split" in d and d["split"] != split_of(str(d["url"]), str(d["id"])):
+            raise SpecError(f"{path}: knob pair {d['id']!r} says split {d['split']!r}, its hash says "
+                            f"{split_of(str(d['url']), str(d['id']))!r}")
     seen: set[str] = set()
     for p in pairs:
         if p.id in seen:
@@ -179,3 +184,54 @@ def summarize(rows: list[EffectRow]) -> dict[str, float]:
             "calibrated_median": float(np.median(c)), "calibrated_worst": float(c.max()),
             "default_direction": float(np.mean([r.agrees(r.default) for r in rows])),
             "calibrated_direction": float(np.mean([r.agrees(r.calibrated) for r in rows]))}
+
+
+def split_of(url: str, pair_id: str) -> str:
+    """A pair's half, ``"fit"`` or ``"report"``, from the sha256 of its source URL and id: stable across table edits
+    (adding a pair never moves another) and blind to the numbers. Mechanisms and factors may be tuned on the fit half
+    only; the report half is what the benchmark scores."""
+    h = hashlib.sha256(f"{url}\n{pair_id}".encode()).digest()
+    return "fit" if h[0] % 2 == 0 else "report"
+
+
+def pair_split(pair: KnobPair) -> str:
+    return split_of(pair.baseline.url, pair.id)
+
+
+def primary_rows(report: EffectReport) -> list[EffectRow]:
+    return [r for r in report.rows if r.metric == r.pair.metrics[0]]
+
+
+def changed_knobs(pair: KnobPair) -> list[str]:
+    """The knob names the two runs' configs differ in (TP and KV dtype as ``tp`` / ``kv_dtype``)."""
+    b, c = pair.baseline, pair.candidate
+    out = sorted(k for k in set(b.config) | set(c.config) if b.config.get(k) != c.config.get(k))
+    out += [k for k in ("tp", "kv_dtype") if getattr(b, k) != getattr(c, k)]
+    return out or ["?"]
+
+
+def half_scores(rows: list[EffectRow], fit_rows: list[EffectRow], *, confidence: float = 0.8) -> dict[str, float]:
+    """On ``rows`` (one per pair, the primary metric) whose published change is beyond ``NOISE``: the share whose
+    calibrated ratio moves the same way, the median |log(calibrated / published)|, and the share of published
+    ratios inside the Corrector's interval (``agents.surrogate.Corrector``) after it has seen ``fit_rows`` as verdicts
+    (predicted = calibrated emulator ratio, measured = published ratio); also that coverage with no verdict (prior)."""
+    from autoresearch_dagster.agents.surrogate import Corrector
+
+    moved = [r for r in rows if abs(r.published - 1.0) > NOISE]
+    if not moved:
+        return {"n": 0, "n_all": len(rows)}
+    trained = Corrector()
+    for r in fit_rows:
+        trained.add(changed_knobs(r.pair), r.calibrated, r.published)
+
+    def cover(cor: Corrector) -> float:
+        hits = []
+        for r in moved:
+            _, lo, hi, _ = cor.predict(changed_knobs(r.pair), r.calibrated, confidence=confidence)
+            hits.append(lo <= r.published <= hi)
+        return float(np.mean(hits))
+
+    logs = np.abs([math.log(r.calibrated / r.published) for r in moved])
+    return {"n": len(moved), "n_all": len(rows), "direction": float(np.mean([r.agrees(r.calibrated) for r in moved])),
+            "median_log_error": float(np.median(logs)), "worst_log_error": float(logs.max()),
+            "coverage": cover(trained), "coverage_prior": cover(Corrector())}

@@ -13,7 +13,8 @@ Hidden factors (``emulator.cost.endpoint_efficiency``): an endpoint whose spec s
 ``engine_options: {hidden_factors_seed: N}`` runs on efficiency factors of its own, never reported by a
 deployment; the proposers' surrogate never uses them. An endpoint whose spec sets
 ``engine_options: {calibration: latest}`` (or a calibration file) runs on its stored calibration
-(``emulator.calibrations``).
+(``emulator.calibrations``). ``engine_options: {spec_acceptance: PATH | ACCEPT_LENGTH}`` replaces the
+per-algorithm speculative acceptance rate with a measured one (``emulator.spec_acceptance``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from autoresearch_dagster.emulator.fleet import simulate_fleet
 from autoresearch_dagster.emulator.noise import NoiseSettings
 from autoresearch_dagster.emulator.profile import write_profile
 from autoresearch_dagster.emulator.sim import simulate
+from autoresearch_dagster.emulator.spec_acceptance import acceptance_option
 from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.loadgen.http_runner import HttpDeployment
 from autoresearch_dagster.loadgen.records import RequestRecord, ScheduledRequest, StepOutcome
@@ -53,8 +55,9 @@ class VirtualDeployment:
         endpoint = view.endpoint
         self.endpoint = endpoint
         self.config = view.config
+        self.acceptance = acceptance_option(endpoint.engine_options)
         self.core = EngineCore(model_card(endpoint.model), gpu(endpoint.hardware.gpu), endpoint.gpus, self.config,
-                               seed=seed, noise=noise, efficiency=efficiency)
+                               seed=seed, noise=noise, efficiency=efficiency, acceptance=self.acceptance)
         self.seed, self.noise, self.efficiency = seed, noise, efficiency
         self.clock = 0.0  # virtual seconds since the deployment started
         self._replica_s = 0.0  # replica-seconds held by autoscaled steps
@@ -117,7 +120,8 @@ class VirtualDeployment:
         """Replica ``idx`` of the current step's fleet: a fresh server with a seed of its own."""
         seed = int(np.random.SeedSequence([self.seed, self._steps, idx]).generate_state(1)[0])
         return EngineCore(model_card(self.endpoint.model), gpu(self.endpoint.hardware.gpu), self.endpoint.gpus,
-                          self.config, seed=seed, noise=self.noise, efficiency=self.efficiency)
+                          self.config, seed=seed, noise=self.noise, efficiency=self.efficiency,
+                          acceptance=self.acceptance)
 
     def flush_cache(self) -> bool:
         return self.core.flush_cache()
@@ -194,7 +198,8 @@ class EmulatorEngine:
         view = emulator_view(self.endpoint, config)
         ep, config = view.endpoint, view.config
         core = EngineCore(model_card(ep.model), gpu(ep.hardware.gpu), ep.gpus,
-                          config, seed=seed, noise=self.noise, efficiency=self.efficiency)
+                          config, seed=seed, noise=self.noise, efficiency=self.efficiency,
+                          acceptance=acceptance_option(ep.engine_options))
         server = EmulatorServer(ep, config, seed=seed, noise=self.noise, core=core)
         return _HttpEmulatorDeployment(serve_in_thread(server), model=ep.model)
 
