@@ -8,8 +8,10 @@ capacity the driver reports (GiB), which is what SGLang's memory-based defaults 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from autoresearch_dagster.emulator.card import ModelCard
 from autoresearch_dagster.emulator.hf_config import load_card
@@ -99,6 +101,44 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
 ]}
 GPUS.update({g: replace(GPUS[g], mfu_scale=GPUS[src].mfu_scale, mbu_scale=GPUS[src].mbu_scale)
              for g, src in SAME_DIE.items()})
+BASE_GPUS: dict[str, GPUSpec] = dict(GPUS)  # the catalog before any device fit: what a fit starts from
+
+# Numbers fitted to a device probe of the GPU itself (``autoresearch emulator fit-device``, from the JSON that
+# benchmarks/device/probe_gpu.py writes on that GPU): per GPU, the GPUSpec fields the fit changed, applied over
+# BASE_GPUS (so a GPU probed on its own no longer takes a same-die sibling's scales). Absent until a probe is fitted.
+DEVICE_FITS_FILE = Path(__file__).parent / "device_fits.json"
+_SPEC_NUMBERS = frozenset(f.name for f in fields(GPUSpec) if f.type in ("float", float))
+
+
+def read_device_fits(path: str | Path) -> dict[str, dict[str, float]]:
+    """The GPUSpec numbers a device-fits file sets, per catalog GPU (``{"H100": {"mfu_scale": 0.47}}``)."""
+    p = Path(path)
+    try:
+        data: Any = json.loads(p.read_text())
+        entries = data["gpus"]
+        out = {str(g).upper(): {k: float(v) for k, v in e["spec"].items()} for g, e in entries.items()}
+    except FileNotFoundError:
+        raise SpecError(f"device fits file {p} does not exist") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SpecError(f"device fits file {p} is not a device-fits JSON ({{'gpus': {{NAME: {{'spec': ...}}}}}}): "
+                        f"{e!r}") from None
+    for g, spec in out.items():
+        if g not in BASE_GPUS:
+            raise SpecError(f"device fits file {p}: unknown GPU {g!r}; known GPUs: {', '.join(sorted(BASE_GPUS))}")
+        bad = sorted(k for k, v in spec.items() if k not in _SPEC_NUMBERS or not v > 0)
+        if bad:
+            raise SpecError(f"device fits file {p}: {g} sets {', '.join(bad)}: not a positive GPUSpec number "
+                            f"({', '.join(sorted(_SPEC_NUMBERS))})")
+    return out
+
+
+def gpus_with_fits(fits: dict[str, dict[str, float]]) -> dict[str, GPUSpec]:
+    """BASE_GPUS with the device fits ``fits`` applied (``read_device_fits``); only the GPUs it names."""
+    return {g: replace(BASE_GPUS[g], **spec) for g, spec in fits.items()}
+
+
+DEVICE_FITS: dict[str, dict[str, float]] = read_device_fits(DEVICE_FITS_FILE) if DEVICE_FITS_FILE.is_file() else {}
+GPUS.update(gpus_with_fits(DEVICE_FITS))
 
 
 def model_card(name: str) -> ModelCard:

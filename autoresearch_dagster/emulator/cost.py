@@ -152,9 +152,15 @@ COST_MODEL_VERSION = 7
 
 def cost_model_fingerprint() -> str:
     """Short hash of what emulated numbers depend on besides the config: ``COST_MODEL_VERSION``, the default
-    ``Efficiency`` factors and the hidden factors' spread (emulated endpoints draw theirs around the defaults)."""
-    blob = json.dumps({"version": COST_MODEL_VERSION, "efficiency": asdict(Efficiency()),
-                       "hidden_spread": HIDDEN_SPREAD}, sort_keys=True)
+    ``Efficiency`` factors, the hidden factors' spread (emulated endpoints draw theirs around the defaults) and
+    the catalog's device fits where there are any (``catalog.DEVICE_FITS``)."""
+    from autoresearch_dagster.emulator.catalog import DEVICE_FITS
+
+    parts: dict[str, Any] = {"version": COST_MODEL_VERSION, "efficiency": asdict(Efficiency()),
+                             "hidden_spread": HIDDEN_SPREAD}
+    if DEVICE_FITS:  # GPU numbers fitted to a device probe price every step on that GPU anew
+        parts["device_fits"] = DEVICE_FITS
+    blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
