@@ -114,6 +114,17 @@ class Probe:
             return True
         return False
 
+    def time(self, what: str, fn: Callable[[], Any]) -> float | None:
+        """Median seconds of ``fn``, or None with the reason recorded where the backend refuses it (an fp8 shape's
+        alignment, memory): one refusal does not cost the other measurements."""
+        try:
+            return self.timer(fn)
+        except RuntimeError as e:  # torch.OutOfMemoryError is one too
+            self.skipped.append({"what": what, "reason": (str(e).splitlines() or [type(e).__name__])[0][:300]})
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return None
+
     def record(self, **m: Any) -> None:
         self.measurements.append(m)
         print(json.dumps(m), file=sys.stderr, flush=True)
@@ -168,10 +179,8 @@ class Probe:
             def step() -> None:
                 i[0] = (i[0] + 1) % len(ws)
                 torch._scaled_mm(a8, ws[i[0]], scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-        try:
-            sec = self.timer(step)
-        except RuntimeError as e:  # a shape the fp8 kernels refuse (alignment): recorded, not fatal
-            self.skipped.append({"what": f"{label} {phase} GEMM {m}x{k}x{n}", "reason": str(e).splitlines()[0]})
+        sec = self.time(f"{label} {phase} GEMM {m}x{k}x{n}", step)
+        if sec is None:
             return
         el = torch.empty((), dtype=dtype).element_size()
         moved = k * n * el + m * k * el + m * n * 2  # weights + activations in, bf16 out
@@ -186,20 +195,23 @@ class Probe:
                 return
             q = torch.randn(b, h, 1, d, device=self.device, dtype=torch.bfloat16)
             kv = torch.randn(2, b, h, ctx, d, device=self.device, dtype=torch.bfloat16)
-            sec = self.timer(lambda: F.scaled_dot_product_attention(q, kv[0], kv[1]))
+            sec = self.time(f"decode attention at context {ctx}", lambda: F.scaled_dot_product_attention(q, kv[0], kv[1]))
             kv_bytes = kv.numel() * kv.element_size()
-            self.record(kind="attention", phase="decode", dtype="bf16",
-                        shape={"batch": b, "heads": h, "head_dim": d, "q_len": 1, "context": ctx}, seconds=sec,
-                        tflops=4.0 * b * h * d * ctx / sec / 1e12, gbs=kv_bytes / sec / 1e9,
-                        s_per_ctx_token=sec / (b * ctx))
+            if sec is not None:
+                self.record(kind="attention", phase="decode", dtype="bf16",
+                            shape={"batch": b, "heads": h, "head_dim": d, "q_len": 1, "context": ctx}, seconds=sec,
+                            tflops=4.0 * b * h * d * ctx / sec / 1e12, gbs=kv_bytes / sec / 1e9,
+                            s_per_ctx_token=sec / (b * ctx))
             del q, kv
             qkv = torch.randn(3, 1, h, ctx, d, device=self.device, dtype=torch.bfloat16)
-            sec = self.timer(lambda: F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True))
+            sec = self.time(f"prefill attention at context {ctx}",
+                            lambda: F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True))
             flops = 4.0 * h * d * ctx * ctx / 2  # QK^T and PV over the causal half
-            self.record(kind="attention", phase="prefill", dtype="bf16",
-                        shape={"batch": 1, "heads": h, "head_dim": d, "q_len": ctx, "context": ctx}, seconds=sec,
-                        tflops=flops / sec / 1e12, gbs=qkv.numel() * qkv.element_size() / sec / 1e9,
-                        s_per_ctx_token=sec / ctx)
+            if sec is not None:
+                self.record(kind="attention", phase="prefill", dtype="bf16",
+                            shape={"batch": 1, "heads": h, "head_dim": d, "q_len": ctx, "context": ctx}, seconds=sec,
+                            tflops=flops / sec / 1e12, gbs=qkv.numel() * qkv.element_size() / sec / 1e9,
+                            s_per_ctx_token=sec / ctx)
             del qkv
 
     # ------------------------------------------------------------------ memory
@@ -209,13 +221,16 @@ class Probe:
         nbytes = self.s["mem_bytes"]
         src = torch.ones(nbytes // 2, device=self.device, dtype=torch.bfloat16)
         dst = torch.empty_like(src)
-        sec = self.timer(lambda: dst.copy_(src))
-        self.record(kind="memory", op="copy", shape={"bytes": nbytes}, dtype="bf16", seconds=sec,
-                    gbs=2.0 * nbytes / sec / 1e9)  # read + written
+        sec = self.time("memory copy", lambda: dst.copy_(src))
+        if sec is not None:
+            self.record(kind="memory", op="copy", shape={"bytes": nbytes}, dtype="bf16", seconds=sec,
+                        gbs=2.0 * nbytes / sec / 1e9)  # read + written
         del dst
         words = src.view(torch.float32)  # the same bytes; an fp32 sum is a plain streaming read on every backend
-        sec = self.timer(lambda: words.sum())
-        self.record(kind="memory", op="read", shape={"bytes": nbytes}, dtype="fp32", seconds=sec, gbs=nbytes / sec / 1e9)
+        sec = self.time("memory read", lambda: words.sum())
+        if sec is not None:
+            self.record(kind="memory", op="read", shape={"bytes": nbytes}, dtype="fp32", seconds=sec,
+                        gbs=nbytes / sec / 1e9)
 
     # ------------------------------------------------------------------ launches
     def launches(self) -> None:
@@ -227,26 +242,32 @@ class Probe:
         def loop() -> None:
             for _ in range(n):
                 x.add_(1.0)
-        sec = self.timer(loop)
-        self.record(kind="launch", mode="eager", shape={"launches": n}, dtype="fp32", seconds=sec,
-                    us_per_launch=sec / n * 1e6)
+        sec = self.time("eager launches", loop)
+        if sec is not None:
+            self.record(kind="launch", mode="eager", shape={"launches": n}, dtype="fp32", seconds=sec,
+                        us_per_launch=sec / n * 1e6)
         if self.device.type != "cuda":
             self.skipped.append({"what": "CUDA-graph launches", "reason": "no CUDA device"})
             return
         kernels = self.s["graph_kernels"]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm the kernel before capture, off the default stream as capture wants
-            for _ in range(3):
-                x.add_(1.0)
-        torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(kernels):
-                x.add_(1.0)
-        sec = self.timer(graph.replay)
-        self.record(kind="launch", mode="graph", shape={"launches": kernels}, dtype="fp32", seconds=sec,
-                    us_per_launch=sec / kernels * 1e6)
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm the kernel before capture, off the default stream as capture wants
+                for _ in range(3):
+                    x.add_(1.0)
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph):
+                for _ in range(kernels):
+                    x.add_(1.0)
+        except RuntimeError as e:
+            self.skipped.append({"what": "CUDA-graph launches", "reason": (str(e).splitlines() or ["capture"])[0]})
+            return
+        sec = self.time("CUDA-graph launches", graph.replay)
+        if sec is not None:
+            self.record(kind="launch", mode="graph", shape={"launches": kernels}, dtype="fp32", seconds=sec,
+                        us_per_launch=sec / kernels * 1e6)
 
 
 def _best(ms: list[dict[str, Any]], key: str, **match: Any) -> float | None:

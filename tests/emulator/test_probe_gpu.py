@@ -171,3 +171,25 @@ def test_device_fits_change_the_cost_model_fingerprint(monkeypatch):
     assert cost.cost_model_fingerprint() != now
     monkeypatch.setattr(catalog, "DEVICE_FITS", {})
     assert cost.cost_model_fingerprint() == now
+
+
+def test_probe_fp8_path_runs_where_scaled_mm_does(monkeypatch):
+    """The fp8 GEMM code (e4m3 operands, column-major weights, per-tensor scales) runs through torch._scaled_mm;
+    this torch's CPU build has it, so forcing the GPU-only gate open checks the calls before a GPU appears."""
+    import importlib.util
+
+    import torch
+    spec = importlib.util.spec_from_file_location("probe_gpu", PROBE)
+    probe_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe_gpu)
+    try:
+        torch._scaled_mm(torch.zeros(16, 16).to(torch.float8_e4m3fn), torch.zeros(16, 16).to(torch.float8_e4m3fn).t(),
+                         scale_a=torch.ones(()), scale_b=torch.ones(()), out_dtype=torch.bfloat16)
+    except (RuntimeError, AttributeError) as e:
+        pytest.skip(f"this torch has no CPU _scaled_mm: {e}")
+    monkeypatch.setattr(probe_gpu.Probe, "fp8_reason", lambda self: "")
+    result = probe_gpu.run("cpu", True, 60.0)
+    fp8 = [m for m in result["measurements"] if m["kind"] == "gemm" and m["dtype"] == "fp8_e4m3"]
+    assert {m["phase"] for m in fp8} == {"decode", "prefill"}
+    assert _positive(result["summary"]["fp8_tflops"])
+    assert result["summary"]["fp8_tflops"] == max(m["tflops"] for m in fp8 if m["phase"] == "prefill")
