@@ -99,7 +99,8 @@ class Browser:
         port, self.profile = _free_port(), tempfile.mkdtemp(prefix="chromium-")
         self.proc = subprocess.Popen([self.binary, *FLAGS, f"--user-data-dir={self.profile}",
                                       f"--remote-debugging-port={port}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                     env={**os.environ, "TMPDIR": self.profile})  # its temp dirs go with the profile
         deadline, tabs = time.monotonic() + 30, None
         while tabs is None:
             try:
