@@ -30,6 +30,7 @@ from assets.loop import (  # noqa: E402
     replay_vs_production,
 )
 from assets.pool import replay_fidelity, replay_pool  # noqa: E402
+from assets.remote import remote_measurement  # noqa: E402
 from resources import (  # noqa: E402
     ArtifactStore,
     CampaignResource,
@@ -52,7 +53,8 @@ from sensors import (  # noqa: E402
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 OBSERVE_ENGINE_JOB = "observe_engine_version"
 ASSETS = [engine_version, replay_pool, confirmed_baseline, noise_baseline, diagnostic_report, proposals,
-          experiment_results, promotion_decision, campaign_report, production_approval, emulator_error_report]
+          experiment_results, promotion_decision, campaign_report, production_approval, emulator_error_report,
+          remote_measurement]
 
 
 def _path(env: str, default: str) -> str:
@@ -85,6 +87,7 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
                 spec_dir=spec_dir or _path("AUTORESEARCH_ENDPOINTS", "examples/endpoints"),
                 candidates_dir=candidates_dir or _path("AUTORESEARCH_CANDIDATES", "examples/candidates")),
             "engines": engines,
+            "pipes_subprocess_client": dg.PipesSubprocessClient(),
             "settings": settings,
             "pool_settings": pool_settings,
             "store": ArtifactStore(out_dir=out),

@@ -145,4 +145,7 @@ class ModalEngine:
             time.sleep(2.0)
 
     def version(self) -> str:
-        return self._version or "unknown"
+        """The deployed server's version; before the first deploy, the release the image's tag names."""
+        from autoresearch_dagster.engines.modal_app import image_engine_version
+
+        return self._version or image_engine_version(str(self.opts.get("image", DEFAULT_IMAGE)))

@@ -37,4 +37,10 @@ def test_deploy_without_credentials_is_a_clear_error(monkeypatch):
     assert isinstance(eng, ModalEngine) and eng.name == "modal" and eng.restartable
     with pytest.raises(EngineError, match="MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"):
         eng.deploy({})
-    assert eng.version() == "unknown"
+    assert eng.version() == "0.5.23"  # a failed deploy leaves the image's release
+
+
+def test_the_engine_version_is_known_from_the_image_before_any_deploy():
+    assert ModalEngine(_endpoint()).version() == "0.5.23"  # the default image's tag
+    assert ModalEngine(_endpoint(image="lmsysorg/sglang:v0.5.9-cu129")).version() == "0.5.9"
+    assert ModalEngine(_endpoint(image="lmsysorg/sglang:latest")).version() == "unknown"
