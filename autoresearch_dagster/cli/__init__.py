@@ -21,7 +21,7 @@ from typing import NoReturn
 from autoresearch_dagster.spec import SpecError
 
 # command group -> module (kept explicit so --help order is stable)
-_GROUPS = ["pool", "replay", "emulator", "noise", "experiment", "campaign", "correctness", "diagnose", "sql"]
+_GROUPS = ["pool", "replay", "emulator", "noise", "experiment", "campaign", "correctness", "diagnose", "sql", "drafter"]
 PLUGIN_GROUP = "autoresearch.commands"
 
 

@@ -150,7 +150,7 @@ def train_head(target: TinyLM, seqs: torch.Tensor, recipe: HeadRecipe = HeadReci
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     head.eval()
     tail = losses[-max(1, len(losses) // 10):]
     return head, {"steps": recipe.steps, "first_loss": round(losses[0], 4) if losses else None,

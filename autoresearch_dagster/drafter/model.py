@@ -117,9 +117,15 @@ def batches(texts: list[str], seq_len: int, batch: int, rng: random.Random):
 
 
 def train_lm(texts: list[str], cfg: LMConfig = LMConfig(), steps: int = 300, lr: float = 3e-3,
-             seq_len: int = 64, batch: int = 32, seed: int = 0) -> tuple[TinyLM, float]:
-    """Briefly train a TinyLM on ``texts``; returns the model (eval mode) and its last loss."""
-    model = TinyLM(cfg, seed)
+             seq_len: int = 64, batch: int = 32, seed: int = 0, init: TinyLM | None = None) -> tuple[TinyLM, float]:
+    """Briefly train a TinyLM on ``texts`` (from scratch, or fine-tune a copy of ``init``: a
+    post-trained model of a base); returns the model (eval mode) and its last loss."""
+    model = TinyLM(init.cfg if init is not None else cfg, seed)
+    if init is not None:
+        model.load_state_dict(init.state_dict())
+        for prm in model.parameters():
+            prm.requires_grad_(True)
+        cfg = model.cfg
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     it = batches(texts, min(seq_len, cfg.max_len - 1), batch, random.Random(seed))
@@ -134,7 +140,7 @@ def train_lm(texts: list[str], cfg: LMConfig = LMConfig(), steps: int = 300, lr:
         opt.step()
         sched.step()
     model.eval()
-    return model, float(loss)
+    return model, float(loss.detach())
 
 
 def save_lm(model: TinyLM, path: str | Path) -> Path:

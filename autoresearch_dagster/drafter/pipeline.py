@@ -28,6 +28,7 @@ class TrafficText:
     length: str  # prompt length bucket
     language: str  # ascii / non_ascii script
     stage: str  # first / follow_up turn
+    conversation: str | None = None
 
 
 def _content(m: dict) -> str:
@@ -68,7 +69,7 @@ def traffic_texts(pool, split: str) -> list[TrafficText]:
             continue
         out.append(TrafficText(r.id, t, _kind(r), _length(int(r.prompt_tokens or len(t) // 4)),
                                "ascii" if t.isascii() else "non_ascii",
-                               "follow_up" if (r.turn or 0) > 0 else "first"))
+                               "follow_up" if (r.turn or 0) > 0 else "first", r.conversation_id))
     return out
 
 
@@ -101,25 +102,34 @@ def weighted_sample(seqs: torch.Tensor, weights: torch.Tensor, n: int, seed: int
 
 
 def prompt_of(text: str, prompt_len: int) -> list[int]:
+    """The last ``prompt_len`` bytes of the text (where the model would continue), as
+    ``eagle.target_sequences`` builds its training windows; short texts are padded by repetition."""
     e = encode(text) or [10]
     while len(e) < prompt_len:
         e = e + [10] + e
-    return e[:prompt_len]
+    return e[-prompt_len:]
 
 
 @torch.no_grad()
 def measure(target: TinyLM, head, texts: list[TrafficText], *, k: int, prompt_len: int, max_new: int,
-            temperature: float = 0.0, seed: int = 0) -> dict:
+            temperature: float = 0.0, seed: int = 0, references: dict | None = None) -> dict:
     """Real speculative decoding on each text's prompt: acceptance overall and per request type, and
-    the gate (greedy: output identical to target-only decoding, checked on every request)."""
+    the gate (greedy: output identical to target-only decoding, checked on every request).
+    ``references`` caches target-only outputs by prompt across drafters measured on the same texts."""
     overall, by_kind = AcceptanceStats(k), {}
     mismatches = 0
     g = torch.Generator().manual_seed(seed)
     for t in texts:
         p = prompt_of(t.text, prompt_len)
         out, st = speculative_generate(target, head, p, max_new, k, temperature, g, target.cfg.max_len)
-        if temperature <= 0 and out != target.generate(p, max_new):
-            mismatches += 1
+        if temperature <= 0:
+            key = (tuple(p), max_new)
+            ref = references.get(key) if references is not None else None
+            if ref is None:
+                ref = target.generate(p, max_new)
+                if references is not None:
+                    references[key] = ref
+            mismatches += out != ref
         overall.add(st)
         by_kind.setdefault(t.kind, AcceptanceStats(k)).add(st)
     return {**overall.to_dict(), "requests": len(texts),

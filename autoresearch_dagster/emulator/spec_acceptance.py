@@ -3,7 +3,7 @@
 Without one the emulator draws each draft position's acceptance from a fixed per-algorithm rate
 (``resolve.ACCEPT_PROB``). A measured distribution replaces it: the per-position conditional
 acceptance P(position i accepted | positions before accepted) from a drafter acceptance file
-(``autoresearch drafter train`` writes ``acceptance_distribution.json``), or a constant rate solved
+(``autoresearch drafter train`` writes ``acceptance.json``), or a constant rate solved
 from a real SGLang's reported mean accept length (``/server_info`` ``avg_spec_accept_length``,
 ``sglang:spec_accept_length``). Positions beyond the measured k reuse the last measured rate.
 """
