@@ -77,10 +77,15 @@ def table_commands(readme: str) -> list[list[str]]:
     return out
 
 
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_text_names_an_issue_number(path: Path) -> None:
+    assert not [l for l in path.read_text(encoding="utf-8").splitlines()
+                if re.search(r"\bissues?\s*#?\d+|\(#\d+\)", l, re.I)]
+
+
 def test_readme_is_a_front_page() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 250
-    assert not [l for l in lines if re.search(r"\bissue\s*#?\d+|\(#\d+\)", l, re.I)]
     first = [l.strip() for l in lines if l.strip().startswith("make ")][:2]
     assert [f.split()[1] for f in first] == ["run", "test"]
 
@@ -93,6 +98,8 @@ def test_every_command_in_the_readme_table_exists() -> None:
     rows = [l for l in readme.splitlines() if l.startswith("| `autoresearch")]
     assert len(commands) == len(rows) >= 10  # every command row was read
     parser = build_parser()
+    top = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert set(top.choices) <= {w[0] for w in commands}, "a CLI command is missing from README's table"
     for words in commands:
         with pytest.raises(SystemExit) as done:
             parser.parse_args([*words, "--help"])
