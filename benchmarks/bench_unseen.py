@@ -25,6 +25,7 @@ no false "better" anywhere.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--campaign-args", default="", help="extra `campaign run` options (e.g. '--noise-runs 3')")
     ap.add_argument("--only", type=int, help="run only endpoint i of the draw (to time one)")
     ap.add_argument("--out", help="write the rows as JSON here")
-    ap.add_argument("--keep", help="keep each endpoint's campaign directory under this path")
+    ap.add_argument("--keep", help="keep each endpoint's campaign directory under this path (not deleted after)")
     ap.add_argument("--summarize", nargs="+", metavar="ROWS_JSON",
                     help="run nothing: print the table and targets of rows saved with --out (e.g. --only runs in parallel)")
     args = ap.parse_args(argv)
@@ -329,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     for i, u in enumerate(specs):
         if args.only is not None and i != args.only:
             continue
-        with tempfile.TemporaryDirectory(prefix="bench-unseen-", dir=args.keep) as tmp:
+        keep = Path(args.keep) / f"{i}-{u.name}" if args.keep else None
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+        with (contextlib.nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory(prefix="bench-unseen-")) as tmp:
             work = Path(tmp)
             spec, pool = u.write(work)
             print(f"[{time.monotonic() - t0:6.0f} s] {u.name}: {u.sla}, production {u.server_config}", flush=True)

@@ -43,9 +43,9 @@ from autoresearch_dagster.agents.guardrails import Guardrails, check
 from autoresearch_dagster.agents.offline import Predictor, diff
 from autoresearch_dagster.agents.proposal import (DIRECTION_NAMES, DIRECTIONS, Intervention, KnobChange, Proposal,
                                                   ResearchBrief, Session, fails_gate, new_lossy, stakes_too_much)
-from autoresearch_dagster.agents.search import normalize, static_problem
+from autoresearch_dagster.agents.search import SearchSpace, normalize, static_problem
 from autoresearch_dagster.outputs.files import json_safe, write_json
-from autoresearch_dagster.spec import KNOBS_BY_ENGINE, config_hash
+from autoresearch_dagster.spec import KNOBS_BY_ENGINE, config_hash, knobs_for
 
 EXPLORE_BONUS = 0.05
 FACTORIAL = "factorial"  # the pair of the two best directions the model sees no added gain in: a free slot's use
@@ -472,3 +472,115 @@ def summarize_plan(plan: RoundPlan) -> list[dict[str, Any]]:
              "intervention": p.intervention.delta(), "predicted": p.prediction.capacity_ratio,
              "interval": [p.prediction.ratio_low, p.prediction.ratio_high], "trace": p.trace}
             for p in plan.proposals]
+
+
+EXPLOIT = "explore:exploit"  # an "explore" source: its case is the calibrated interval (exempt from the pre-screen)
+
+
+def exploit_proposals(inputs: RoundInputs, predictor: Predictor, guardrails: Guardrails, *, max_proposals: int = 1,
+                      singles: int = 24, seed: int = 0) -> tuple[list[Proposal], str]:
+    """What a round proposes when its directions gave nothing while budget is left: the calibrated surrogate's
+    best configs over the whole space around the baseline, ranked by the upper bound of their interval.
+
+    Single-knob moves of every knob the guardrails allow (a seeded sample of at most ``singles``, each value
+    within the justified step of the resolved baseline) are predicted; forward selection (``joint_candidate``,
+    on the upper bounds) combines the disjoint ones whose bound grows. A candidate already tested, repeating a
+    failed correctness gate, staking two new lossy settings or refused by the guardrails is left out. The best
+    ``max_proposals`` whose upper bound reaches ``1 + margin`` (a gain the verdict could confirm is inside the
+    interval) become four-part proposals; none reaching it is the stated reason the campaign may end
+    (returned as the note)."""
+    import random
+
+    brief = inputs.brief
+    base, resolved = dict(brief.baseline_config), dict(brief.resolved_baseline)
+    margin = float(brief.noise.get("margin") or 0.02)
+    floor = 1 + margin
+    table = knobs_for(brief.engine)
+    space = SearchSpace.full(brief.gpus, base, brief.engine).around(None, resolved,
+                                                                    max_step=guardrails.justified_step)
+    gates = list(inputs.gate_failures.values())
+    moves: list[dict[str, Any]] = []
+    seen = {config_hash(base)}
+    for knob, vals in sorted(space.choices.items()):
+        if knob in guardrails.locked:
+            continue
+        for v in vals:
+            cfg = normalize({**base, knob: v}, base, resolved, brief.engine)
+            h = config_hash(cfg)
+            if h in seen or static_problem(cfg, brief.gpus, brief.engine) or fails_gate(cfg, base, gates) \
+                    or stakes_too_much(cfg, base):
+                continue
+            seen.add(h)
+            moves.append(cfg)
+    rng = random.Random(seed * 7919 + brief.round)
+    if len(moves) > singles:
+        moves = rng.sample(moves, singles)
+    preds = predictor.predict(base, moves) if moves else []
+    scored: list[tuple[float, dict[str, Any], dict[str, Any]]] = []
+    for cfg, p in zip(moves, preds):
+        if p.get("feasible") and p.get("high") is not None:
+            scored.append((float(p["high"]), cfg, p))
+    scored.sort(key=lambda x: -x[0])
+
+    def direction_of(delta: dict[str, Any]) -> str:
+        for k in delta:
+            if k in table and table[k].direction in DIRECTIONS:
+                return table[k].direction
+        return "scheduling_cache"
+
+    class _Upper:  # the predictor seen through its upper bounds: forward selection on the optimistic value
+        def predict(self, b: dict[str, Any], cfgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [({**p, "ratio": p["high"]} if p.get("feasible") else p) for p in predictor.predict(b, cfgs)]
+
+    ideas = [(hi, diff(base, cfg), f"single:{config_hash(cfg)[:6]}", direction_of(diff(base, cfg)))
+             for hi, cfg, _ in scored if hi >= 1 + margin / 2]
+    pool = list(scored)
+    joint = joint_candidate(ideas, _Upper(), base, resolved, margin, guardrails.max_changes, brief.gpus,
+                            gate_failures=gates)
+    if joint is not None:
+        jp = predictor.predict(base, [joint[0]])[0]
+        if jp.get("feasible"):
+            pool.insert(0, (float(jp["high"]), joint[0], jp))
+    pool.sort(key=lambda x: -x[0])
+    out: list[Proposal] = []
+    best_hi = pool[0][0] if pool else None
+    for hi, cfg, p in pool:
+        if len(out) >= max_proposals or hi < floor:
+            break
+        res = check(Proposal(id="probe", endpoint=brief.endpoint, proposer="orchestrator", source=EXPLOIT,
+                             direction=direction_of(diff(base, cfg)), explanation="guardrail probe of a candidate",
+                             intervention=Intervention(changes=[KnobChange(knob=k, value=v)
+                                                                for k, v in diff(base, cfg).items()],
+                                                       justification="the calibrated surrogate's upper bound"),
+                             prediction=predictor.prediction(p), falsification="probe only, never run"),
+                    base, resolved, guardrails)
+        if not res.accepted or config_hash(res.candidate_config) in inputs.tested:
+            continue
+        delta = diff(base, cfg)
+        pid = f"r{brief.round}-exploit-{len(out)}-{config_hash(cfg)[:6]}"
+        prop = _made("follow_up", pid, brief, base, cfg, p, predictor, direction=direction_of(delta), parents=[],
+                     source=EXPLOIT,
+                     explanation=(f"exploitation with budget left: no direction's session gave an evidence-supported "
+                                  f"experiment, but the calibrated surrogate's best config around the baseline "
+                                  f"({', '.join(f'{k}={v!r}' for k, v in delta.items())}) predicts {p['ratio']:.3f}x "
+                                  f"with an upper bound of {hi:.3f}x, above the verdict margin {floor:.3f}: only a "
+                                  "measurement can rule it out"),
+                     falsification=(f"refuted if the verdict is not better or the measured ratio falls outside "
+                                    f"[{p['low']:.3f}, {p['high']:.3f}]; a refutation shrinks what the surrogate's "
+                                    "interval may claim for these knobs"),
+                     evidence=[f"surrogate point {p['ratio']:.3f}x, interval [{p['low']:.3f}, {p['high']:.3f}] "
+                               f"(basis: {p.get('basis', '')[:160]})",
+                               f"{len(scored)} single-knob moves predicted; joint candidate "
+                               + ("found" if joint is not None else "none")],
+                     justification=(f"the calibrated surrogate predicts {p['raw_ratio']:.3f}x (uncorrected); the "
+                                    "steps stay within the guardrails' justified step"))
+        out.append(prop.model_copy(update={"candidate_config": res.candidate_config, "guardrail_notes": res.notes}))
+    if out:
+        note = (f"exploitation: {len(out)} surrogate candidate(s) whose upper bound reaches the verdict margin "
+                f"({floor:.3f})")
+    elif best_hi is None:
+        note = "exploitation: no untested feasible move around the baseline"
+    else:
+        note = (f"exploitation: the best optimistic bound of {len(pool)} surrogate candidate(s) is {best_hi:.3f}x, "
+                f"below the verdict margin {floor:.3f} (or every such candidate was tested or refused)")
+    return out, note

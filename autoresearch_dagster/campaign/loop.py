@@ -41,8 +41,8 @@ from typing import Any, Callable
 from autoresearch_dagster.agents import emulator_errors, scoring
 from autoresearch_dagster.agents.guardrails import Guardrails, resolved_config
 from autoresearch_dagster.agents.offline import OfflineProposer, Predictor, diff
-from autoresearch_dagster.agents.orchestrator import (DirectionStat, RoundInputs, RoundPlan, control_groups, merge_plans,
-                                                      plan_round)
+from autoresearch_dagster.agents.orchestrator import (DirectionStat, RoundInputs, RoundPlan, control_groups,
+                                                      exploit_proposals, merge_plans, plan_round)
 from autoresearch_dagster.agents.prescreen import prescreen
 from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Proposal, ResearchBrief, lossy_settings
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
@@ -507,6 +507,13 @@ class CampaignRunner:
             self.say(f"  nothing evidence-supported in {', '.join(sorted(opened))}: opening "
                      f"{', '.join(d['direction'] for d in more.directions)}")
             plan = merge_plans(plan, more)
+        if not plan.proposals and self.settings.exploit and self.predictor() is not None:
+            # every direction gave nothing with budget left: the surrogate's optimistic bound decides the ending
+            extra, why = exploit_proposals(inputs, self.predictor(), self.guardrails(),
+                                           max_proposals=min(slots, self.settings.exploit), seed=self.settings.seed)
+            plan.proposals = extra
+            plan.note = "; ".join(n for n in (plan.note, why) if n)
+            self.say(f"  {why}")
         if self.settings.prescreen:
             self._prescreen(plan, slots)
         rollback = self._rollback_control(brief)
@@ -536,6 +543,8 @@ class CampaignRunner:
         if not plan.proposals:
             why = ("every direction is exhausted" if not plan.directions else
                    "no evidence-supported experiment left")
+            if "exploitation:" in plan.note:
+                why += " (" + plan.note.split("exploitation: ", 1)[1] + ")"
             self._end(why)
             return None
         self.state.phase = "experiment"

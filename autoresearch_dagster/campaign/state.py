@@ -34,6 +34,9 @@ class CampaignSettings(BaseModel):
     exhausted_after: int = Field(default=2, ge=1, description="a direction whose last N experiments gained "
                                                                  "nothing is set aside")
     diversity_size: int = Field(default=4, ge=0)
+    exploit: int = Field(default=2, ge=0, le=8, description="a round whose directions gave nothing with budget left "
+                         "proposes up to this many of the calibrated surrogate's best configs whose upper bound "
+                         "reaches the verdict margin (agents.orchestrator.exploit_proposals; 0: off)")
     calibrate: bool = Field(default=True, description="fit the surrogate to each baseline's measured curves")
     prescreen: bool = Field(default=False, description="pre-screen candidates on the calibrated emulator and send "
                                                        "only the promising ones to the real engine (agents.prescreen)")
