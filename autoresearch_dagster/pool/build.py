@@ -67,16 +67,27 @@ def _batches(src: LogSource, max_records: int | None, n_read: list[int], size: i
 
 def _chat_results(sources: list[LogSource], key: bytes, tokenizer_path: str | None, workers: int,
                   max_records: int | None, counts: Counter) -> Iterator[object]:
-    """Rejections and (row, source stats) in file order; redaction counts accumulate into ``counts``."""
+    """Rejections and (row, source stats) in file order; redaction counts accumulate into ``counts``.
+    In one process the redactor (and its NER model) is set up here, when called, not at the first
+    ``next()``: the caller calls this before it opens the pool's temp dir."""
     n_read = [0]
     if workers <= 1:
         init_worker(key, tokenizer_path)
-        for src in sources:
-            for batch in _batches(src, max_records, n_read):
-                items, delta = process_chat_batch(src.parser, batch)
-                counts.update(delta)
-                yield from items
-        return
+        return _chat_inline(sources, max_records, n_read, counts)
+    return _chat_pooled(sources, key, tokenizer_path, workers, max_records, n_read, counts)
+
+
+def _chat_inline(sources: list[LogSource], max_records: int | None, n_read: list[int],
+                 counts: Counter) -> Iterator[object]:
+    for src in sources:
+        for batch in _batches(src, max_records, n_read):
+            items, delta = process_chat_batch(src.parser, batch)
+            counts.update(delta)
+            yield from items
+
+
+def _chat_pooled(sources: list[LogSource], key: bytes, tokenizer_path: str | None, workers: int,
+                 max_records: int | None, n_read: list[int], counts: Counter) -> Iterator[object]:
     # fork is cheap but unsafe when other threads run (Dagster, servers): spawn then. The key
     # travels by fork or by pipe, never to disk.
     single_threaded = sys.platform == "linux" and threading.active_count() == 1
@@ -326,6 +337,9 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
         rejected.append(r.to_json())
         reasons[r.reason.split(":")[0].split(" (")[0]] += 1
 
+    # set up before the temp dir exists (loading the NER model is the slow part of starting)
+    chat_items = _chat_results(sources, key, tokenizer_path, workers, max_records, redactions) \
+        if kind == "chat" else None
     with PoolWriter(out_dir) as writer:
         trace_rows = _TraceRows(writer, block_tokens) if kind == "trace" else None
 
@@ -398,7 +412,7 @@ def build_pool(logs: list[Path] | Path | str, endpoint: str, out_dir: Path | str
                         emit_chat(out)
 
             gate = TimelineGate(timeline, admit_chat, reject)
-            for item in _chat_results(sources, key, tokenizer_path, workers, max_records, redactions):
+            for item in chat_items:
                 rows_in += 1
                 if isinstance(item, Rejected):
                     reject(item)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from autoresearch_dagster import tokens
 from autoresearch_dagster.logs import LogRecord, Rejected, parse_line
 from autoresearch_dagster.pool.schema import request_to_row, split_for, PoolRequest
-from autoresearch_dagster.pool.redact import Redactor
+from autoresearch_dagster.pool.redact import Redactor, load_models
 from autoresearch_dagster.tokens import APPROX_NAME, block_hashes, get_counter, render_prompt
 
 CHAT_BLOCK_TOKENS = 64
@@ -104,6 +104,7 @@ def init_worker(key: bytes, tokenizer_path: str | None) -> None:
     _worker["redactor"] = Redactor(key, counter=exact)
     _worker["counter"] = exact
     _worker["key"] = key
+    load_models()
 
 
 def process_chat_batch(parser, batch: list[tuple[int, bytes]]) -> tuple[list, dict]:

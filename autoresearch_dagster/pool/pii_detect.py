@@ -347,7 +347,7 @@ def ner_available() -> bool:
         return False
 
 
-def _load_nlp():
+def load_nlp():
     global _nlp
     with _nlp_lock:
         if _nlp is None:
@@ -421,7 +421,7 @@ def ner_spans_many(texts: list[str], batch_size: int = 256, found: list[list[Spa
     out: list[list[Span]] = [[] for _ in texts]
     if not jobs:
         return out
-    nlp = _load_nlp()
+    nlp = load_nlp()
     # organisations are not personal data, and company names fill system prompts: opt-in only
     orgs = os.environ.get(ORGS_ENV, "0") == "1"
     docs = nlp.pipe((texts[i][a:b] for i, a, b in jobs), batch_size=batch_size)

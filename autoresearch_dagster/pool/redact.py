@@ -370,6 +370,14 @@ def _ner_enabled() -> bool:
     return os.environ.get(_NER_ENV, "1") != "0" and pii_detect.ner_available()
 
 
+def load_models() -> None:
+    """Load the NER model now (when enabled) rather than at the first text: a pool build calls it before
+    it creates its temp dir, so a signal during the slow import (spaCy pulls in torch, whose import
+    aborts the process when interrupted) meets a process that has nothing on disk yet."""
+    if _ner_enabled():
+        pii_detect.load_nlp()
+
+
 def find_pii(text: str) -> list[Span]:
     """Non-overlapping PII spans in ``text``, in order (overlapping detections merged)."""
     return _resolve(text, _spans(text))
