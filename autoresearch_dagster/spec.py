@@ -196,6 +196,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
        "draft tree width", low=1, high=16, search_values=(1, 2, 4)),
     _K("speculative_num_draft_tokens", int, None, "speculative",
        "verify width (num_steps + 1 when topk is 1)", low=1, high=64, search_values=(2, 4, 8)),
+    # the draft model's weights (an adapted drafter's directory: ``autoresearch drafter train`` writes its measured
+    # acceptance there too, which the emulator reads in place of the per-algorithm rate); never searched
+    _K("speculative_draft_model_path", str, None, "speculative",
+       "the drafter: one adapted to the endpoint's traffic accepts more drafts than a stock one"),
     _K("stream_interval", int, 1, "scheduling_cache",
        "tokens per streamed chunk: less per-token overhead vs coarser client-side ITL",
        low=1, high=64, nullable=False, search_values=(1, 2, 4)),

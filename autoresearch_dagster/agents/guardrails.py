@@ -19,7 +19,8 @@ from autoresearch_dagster.agents.proposal import Proposal, lossy_settings
 from autoresearch_dagster.spec import (KNOBS, EndpointSpec, SpecError, config_hash, knobs_for, server_overrides,
                                        validate_server_config)
 
-SPECULATIVE_PARAMS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+SPECULATIVE_PARAMS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                      "speculative_draft_model_path")
 MIN_JUSTIFICATION_CHARS = 20
 
 

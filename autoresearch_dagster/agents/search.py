@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from autoresearch_dagster.spec import KNOBS, config_hash, knobs_for, server_overrides, validate_server_config
 
-SPECULATIVE_PARAMS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+SPECULATIVE_PARAMS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                      "speculative_draft_model_path")
 PARALLEL_KNOBS = ("tp_size", "dp_size", "tensor_parallel_size")  # their product is the GPUs a config asks for
 
 

@@ -47,7 +47,7 @@ from autoresearch_dagster.agents.prescreen import prescreen
 from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Proposal, ResearchBrief, lossy_settings
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
 from autoresearch_dagster.agents.tools import ToolBox
-from autoresearch_dagster.campaign import grounding
+from autoresearch_dagster.campaign import drafter_step, grounding
 from autoresearch_dagster.campaign.state import CampaignSettings, CampaignState, Era
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.engines.base import EngineError
@@ -507,6 +507,8 @@ class CampaignRunner:
             self.say(f"  nothing evidence-supported in {', '.join(sorted(opened))}: opening "
                      f"{', '.join(d['direction'] for d in more.directions)}")
             plan = merge_plans(plan, more)
+        if self.settings.drafter and any(d["direction"] == "speculative" for d in plan.directions):
+            self._drafter_proposal(plan, inputs.brief, slots)
         if not plan.proposals and self.settings.exploit and self.predictor() is not None:
             # every direction gave nothing with budget left: the surrogate's optimistic bound decides the ending
             extra, why = exploit_proposals(inputs, self.predictor(), self.guardrails(),
@@ -550,6 +552,66 @@ class CampaignRunner:
         self.state.phase = "experiment"
         self.save()
         return plan
+
+    def _drafter_proposal(self, plan: RoundPlan, brief: ResearchBrief, slots: int) -> None:
+        """Rehearse a drafter adapted to the pool's training split and, when it accepts enough more than the
+        stock one and the surrogate's bound with its measured acceptance reaches the margin, put the drafter
+        experiment first in the round (``campaign.drafter_step``)."""
+        s = self.settings
+        if len(self.state.drafters) >= s.drafter_variants:
+            return
+        d = self.dir / "drafters"
+        rehearsal_dir, full_dir = d / f"r{plan.round:03d}-rehearsal", d / f"r{plan.round:03d}-adapted"
+        entry: dict[str, Any] = {"round": plan.round, "era": self.state.era.index, "rehearsal_dir": str(rehearsal_dir),
+                                 "dir": str(full_dir), "proposal_id": None}
+        try:
+            summary = drafter_step.rehearse(drafter_step.pool_path(self.pool), rehearsal_dir,
+                                            steps=s.drafter_rehearsal_steps, requests=s.drafter_rehearsal_requests,
+                                            overrides=s.drafter_train, say=lambda m: self.say("  " + m))
+        except (SpecError, ValueError) as e:
+            why = f"drafter adaptation cannot apply: {e}"
+            entry.update(status="cannot_apply", note=why)
+        else:
+            self.state.spent["gpu_seconds"] += summary["wall_s"]  # the trainer holds one device
+            entry["rehearsal"] = summary
+            why = drafter_step.rehearsal_verdict(summary, s.drafter_min_gain)
+            prop = None
+            if why is None:
+                prop, why = drafter_step.proposal_for(brief, self.predictor(), self.guardrails(),
+                                                      rehearsal_dir=rehearsal_dir, full_dir=full_dir,
+                                                      summary=summary, tested=self._tested())
+            else:
+                why = "drafter rehearsal: " + why
+            if prop is not None:
+                plan.proposals = [prop] + plan.proposals[:max(0, slots - 1)]
+                entry["proposal_id"] = prop.id
+            entry.update(status="proposed" if prop is not None else "not_proposed", note=why)
+        self.state.drafters.append(entry)
+        plan.note = "; ".join(n for n in (plan.note, why) if n)
+        self.say(f"  {why}")
+        self.save()
+
+    def _train_drafter(self, proposal: Proposal) -> tuple[dict[str, Any] | None, str | None]:
+        """(the full training's summary, None) or (None, why it did not train); a finished training is reused."""
+        full_dir = Path(proposal.candidate_config[drafter_step.PATH_KNOB])
+        entry = next((e for e in self.state.drafters if e.get("proposal_id") == proposal.id), None)
+        if entry is not None and entry.get("full") and (full_dir / "acceptance.json").is_file():
+            return entry["full"], None
+        rehearsal = (entry or {}).get("rehearsal") or {}
+        full_steps = self.settings.drafter_train.get("steps", 300)
+        estimate = float(rehearsal.get("wall_s") or 0.0) * full_steps / max(1, rehearsal.get("steps") or 1)
+        problem = self.budget_problem(experiment=True, pending_gpu_seconds=estimate)
+        if problem:
+            return None, f"drafter training not started: {problem} (training needs ~{estimate / 3600:.3g} GPU-hours)"
+        summary = drafter_step.train_full(drafter_step.pool_path(self.pool), full_dir,
+                                          overrides=self.settings.drafter_train, say=lambda m: self.say("  " + m))
+        self.state.spent["gpu_seconds"] += summary["wall_s"]
+        if entry is not None:
+            entry["full"] = summary
+        self.save()
+        if not summary["gate_passed"]:
+            return None, "the adapted drafter failed the greedy gate (its output differed from the target's)"
+        return summary, None
 
     def _prescreen(self, plan: RoundPlan, slots: int) -> None:
         """Keep the round's promising candidates (``agents.prescreen``); the rest are recorded as screened."""
@@ -632,6 +694,15 @@ class CampaignRunner:
                       "invalid_reasons": ["engine patch not testable here"], "correctness": None}
             write_json(out, json_safe({"record": record}))
             return record
+        drafter = None
+        if proposal.source == drafter_step.SOURCE:
+            drafter, problem = self._train_drafter(proposal)
+            if problem:
+                record = {**base, "verdict": "invalid", "confirmed": False, "ratio_median": None, "ci_low": None,
+                          "ci_high": None, "margin": None, "gpu_seconds": 0.0, "runs": 0, "ran": False,
+                          "reason": problem, "invalid_reasons": [problem], "correctness": None}
+                write_json(out, json_safe({"record": record}))
+                return record
         left = self.time_left()
         budget = Budget(initial_runs_per_arm=self.profile.initial_runs_per_arm,
                         max_runs_per_arm=self.profile.max_runs_per_arm,
@@ -653,7 +724,8 @@ class CampaignRunner:
                   "ran": True, "reason": res.reason, "invalid_reasons": res.invalid_reasons,
                   "correctness": res.correctness, "gate_key": key, "control_note": res.control_note,
                   "anchor_run_ids": [r.run_id for r in res.runs if r.arm == "baseline" and r.valid],
-                  "lossy": res.lossy, "gpu_savings": res.gpu_savings}
+                  "lossy": res.lossy, "gpu_savings": res.gpu_savings,
+                  **({"drafter": drafter} if drafter is not None else {})}
         write_json(out, json_safe({"record": record, "result": res.summary(),
                                    "anchors": [r.to_dict() for r in res.runs if r.arm == "baseline" and r.valid]}))
         self.say(f"  -> {res.verdict.upper()}" + (f" ratio {v.ratio_median:.3f} [{v.ci_low:.3f}, {v.ci_high:.3f}]" if v

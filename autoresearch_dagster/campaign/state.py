@@ -56,6 +56,16 @@ class CampaignSettings(BaseModel):
                                          "replicate gets a rollback control)")
     anchor_every: int = Field(default=1, ge=1, description="fresh baseline anchors per this many candidate runs "
                                                              "(benchmarks/bench_verdicts.py: 1 keeps ±5% power >= 90%)")
+    drafter: bool = Field(default=False, description="the speculative direction may propose adapting the drafter "
+                          "to the endpoint's traffic (campaign.drafter_step: rehearsal, proposal, full training)")
+    drafter_variants: int = Field(default=1, ge=0, le=8, description="most drafters one campaign trains "
+                                  "(each rehearsal counts)")
+    drafter_rehearsal_steps: int = Field(default=40, ge=1, description="head training steps of the rehearsal")
+    drafter_rehearsal_requests: int = Field(default=8, ge=1, description="requests per slice the rehearsal measures")
+    drafter_min_gain: float = Field(default=1.05, ge=1.0, description="the rehearsal's adapted / starting mean "
+                                    "acceptance length on held-out traffic needed for a full training run")
+    drafter_train: dict[str, Any] = Field(default_factory=dict, description="drafter.settings.DrafterSettings "
+                                          "overrides for rehearsal and full training (steps, target_steps, ...)")
     seed: int = 0
     budget: CampaignBudget = Field(default_factory=CampaignBudget)
 
@@ -116,6 +126,7 @@ class CampaignState:
     open_questions: list[str] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     memory_problems: list[str] = field(default_factory=list)  # rounds whose findings could not be versioned
+    drafters: list[dict[str, Any]] = field(default_factory=list)  # drafter rehearsals and trainings (drafter_step)
 
     @property
     def era(self) -> Era:

@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--prescreen", action="store_true",
                    help="pre-screen candidates on the calibrated emulator; run only those it predicts to gain at "
                         "least the verdict margin (controls and measured follow-ups exempt)")
+    r.add_argument("--drafter", action="store_true",
+                   help="the speculative direction may adapt the drafter to the pool's training split: a short "
+                        "rehearsal, then a full training run and an experiment when the rehearsal and the surrogate "
+                        "support it (training time counts as GPU time in the budget)")
+    r.add_argument("--drafter-variants", type=int, default=1, help="most drafters trained (default 1)")
+    r.add_argument("--drafter-steps", type=int, default=None,
+                   help="head training steps of the full training run (default: the trainer's, 300)")
     r.add_argument("--recalibrate-error", type=float, default=0.10,
                    help="re-calibrate the emulator when the median |ln(measured / emulated)| ratio error of the last "
                         "3 verified experiments exceeds this (default 0.10)")
@@ -114,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
                                     directions_per_round=args.directions,
                                     experiments_per_round=args.experiments_per_round, search_trials=args.search_trials,
                                     confirm=args.confirm, seed=args.seed, budget=budget, prescreen=args.prescreen,
-                                    recalibrate_error=args.recalibrate_error, anchor_every=args.anchor_every)
+                                    recalibrate_error=args.recalibrate_error, anchor_every=args.anchor_every,
+                                    drafter=args.drafter, drafter_variants=args.drafter_variants,
+                                    drafter_train={} if args.drafter_steps is None else {"steps": args.drafter_steps})
     except ValidationError as e:
         raise SpecError(f"campaign settings: {validation_message(e)}") from None
     results = open_lake(args.lake)

@@ -21,6 +21,7 @@ span. Without original logs the comparison is skipped and the report says so.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import time
 from dataclasses import asdict, replace
@@ -106,27 +107,41 @@ def _windows(texts: list[str], n: int, min_len: int, seed: int) -> list[str]:
     return out
 
 
-def obtain_target(target: str | None, fit: list[TrafficText], s: DrafterSettings
-                  ) -> tuple[TinyLM, TinyLM | None, dict]:
+def obtain_target(target: str | None, fit: list[TrafficText], s: DrafterSettings, *,
+                  cache_dir: str | Path | None = None) -> tuple[TinyLM, TinyLM | None, dict]:
     """(target, base, description). A saved TinyLM has no base. ``tiny`` / None builds the CPU
     stand-in of a post-trained model: a base TinyLM trained on generic chat, then fine-tuned on the fit
-    slice of the training split (the endpoint's traffic)."""
+    slice of the training split (the endpoint's traffic). ``cache_dir``: a stand-in built from the same fit
+    slice and settings before (a campaign's rehearsal, then its full run) is loaded from there, as a
+    served model would be, instead of trained again."""
     if target and target != TINY_TARGET:
         model = load_lm(target)
         return model, None, {"kind": "loaded", "path": str(target), "config": asdict(model.cfg)}
     cfg = LMConfig(d_model=64, n_layers=2, n_heads=4,
                    max_len=max(128, s.prompt_len + max(s.new_tokens, s.max_new + s.k + 1) + 8))
+    key = hashlib.sha256(json.dumps({"cfg": asdict(cfg), "steps": s.target_steps, "seed": s.seed,
+                                     "fit": [t.text for t in fit]}, sort_keys=True).encode()).hexdigest()[:16]
+    cached = Path(cache_dir) / f"stand_in-{key}.json" if cache_dir is not None else None
+    if cached is not None and cached.is_file():
+        info = json.loads(cached.read_text())
+        return (load_lm(cached.with_suffix(".target.pt")), load_lm(cached.with_suffix(".base.pt")),
+                {**info, "cached": str(cached)})
     t0 = time.perf_counter()
     base, base_loss = train_lm(generic_corpus(seed=s.seed + 1), cfg, steps=max(1, s.target_steps // 2),
                                seq_len=64, batch=32, seed=s.seed)
     model, loss = train_lm([t.text for t in fit], cfg, steps=s.target_steps, seq_len=64, batch=32, seed=s.seed,
                            init=base)
-    return model, base, {
+    info = {
         "kind": "cpu_stand_in", "config": asdict(cfg), "base_steps": max(1, s.target_steps // 2),
         "base_final_loss": round(base_loss, 4), "fine_tune_steps": s.target_steps, "final_loss": round(loss, 4),
         "wall_s": round(time.perf_counter() - t0, 1),
         "note": "CPU stand-in for the served post-trained model: a tiny byte-level transformer (the base) "
                 "trained on generic chat text, then fine-tuned on the fit slice of the training split"}
+    if cached is not None:
+        save_lm(model, cached.with_suffix(".target.pt"))
+        save_lm(base, cached.with_suffix(".base.pt"))
+        write_json(cached, info, sort_keys=True)  # last: its presence means both models are whole
+    return model, base, info
 
 
 @torch.no_grad()
@@ -194,7 +209,7 @@ def _record_text(rec, redactor) -> str:
 
 def run_train(pool_path: str | Path, out_dir: str | Path, *, target: str | None = None,
               settings: DrafterSettings = DrafterSettings(), original_logs: list[str | Path] | None = None,
-              log=print) -> dict:
+              log=print, target_cache: str | Path | None = None) -> dict:
     from autoresearch_dagster.pool.schema import read_pool
 
     s = settings
@@ -214,7 +229,7 @@ def run_train(pool_path: str | Path, out_dir: str | Path, *, target: str | None 
     write_json(out / "coverage.json", cov, sort_keys=True)
     log(f"training split: {len(training)} requests ({len(fit)} fit, {len(held)} held out); serving: {len(serving)}")
 
-    model, base, target_info = obtain_target(target, fit, s)
+    model, base, target_info = obtain_target(target, fit, s, cache_dir=target_cache)
     if base is not None:
         save_lm(model, out / "target.pt")
         log(f"target: CPU stand-in, a base TinyLM trained on generic chat then fine-tuned {s.target_steps} steps "

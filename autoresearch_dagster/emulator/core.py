@@ -49,7 +49,7 @@ from autoresearch_dagster.emulator.cost import (COST_MODEL_VERSION, CostModel, E
                                                cost_model_fingerprint, cuda_graph_batch_sizes)
 from autoresearch_dagster.emulator.noise import NoiseSettings, NoiseSource
 from autoresearch_dagster.emulator.resolve import Resolved, resolve_config
-from autoresearch_dagster.emulator.spec_acceptance import SpecAcceptance
+from autoresearch_dagster.emulator.spec_acceptance import SpecAcceptance, drafter_acceptance
 from autoresearch_dagster.spec import KNOBS
 
 
@@ -750,8 +750,10 @@ class EngineCore:
                  noise: NoiseSettings | None = None, efficiency: Efficiency | None = None,
                  acceptance: SpecAcceptance | None = None):
         self.model, self.hw, self.gpus = model, hw, gpus
-        self.acceptance = acceptance  # measured speculative acceptance, replacing the per-algorithm rate
         self.config = dict(config or {})
+        # measured speculative acceptance, replacing the per-algorithm rate: the drafter the config names
+        # first (a candidate's adapted drafter), else the endpoint's (``engine_options.spec_acceptance``)
+        self.acceptance = drafter_acceptance(self.config) or acceptance
         self.resolved: Resolved = resolve_config(model, hw, gpus, self.config)
         self.knobs = self.resolved.knobs
         self.noise_settings = noise if noise is not None else NoiseSettings()

@@ -74,7 +74,8 @@ def resolve_config(model: ModelCard, hw: GPUSpec, gpus: int, config: dict[str, A
         if k["max_running_requests"] is None:
             k["max_running_requests"] = 48
     else:
-        for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+        for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                     "speculative_draft_model_path"):
             k[name] = None
     graph_default = default_cuda_graph_max_bs(hw, tp)
     if k["cuda_graph_max_bs_decode"] is None:

@@ -64,6 +64,21 @@ class SpecAcceptance:
         return cls(((lo + hi) / 2,), "reported_accept_length")
 
 
+DRAFTER_FILE = "acceptance.json"
+
+
+def drafter_acceptance(config: dict | None) -> SpecAcceptance | None:
+    """The measured acceptance of the drafter a config names (``speculative_draft_model_path``: the
+    directory ``autoresearch drafter train`` writes, with ``acceptance.json`` beside the weights); None
+    when the config names none, or names a drafter with no measured distribution (the algorithm's
+    rate then applies, as for a stock drafter)."""
+    path = (config or {}).get("speculative_draft_model_path")
+    if not path:
+        return None
+    f = Path(path) / DRAFTER_FILE
+    return SpecAcceptance.load(f) if f.is_file() else None
+
+
 def acceptance_option(options: dict | None) -> SpecAcceptance | None:
     """``engine_options: {spec_acceptance: PATH}`` (an acceptance distribution file) or
     ``{spec_acceptance: 2.8}`` (a real server's reported mean accept length); None when unset."""
