@@ -175,10 +175,10 @@ class CampaignRunner:
                 (self.dir / name).rename(dest / name)
         best = best_era(state)
         # a changed engine or pool (not a re-seed, a fresh start or another SLA) carries the best config over, by
-        # policy, when the spec's config is still the one the old campaign started from
+        # policy, when the spec's config is still the one the old campaign's line started from
+        spec = (state.previous or {}).get("spec_config_hash") or config_hash(state.original.config)
         carry = (self.settings.restart_from == "promoted" and why.startswith(("engine_bump", "pool rebuilt"))
-                 and config_hash(state.original.config) == config_hash(self.endpoint.server_config)
-                 and best.index != state.original.index)
+                 and spec == config_hash(self.endpoint.server_config) and best.index != state.original.index)
         self.say(f"campaign {state.campaign_id} archived in {dest} ({why})"
                  + (f"; the new campaign starts from its best config {best.config_hash}" if carry else ""))
         return {"campaign_id": state.campaign_id, "why": why, "archive": str(dest), "status": state.status,
@@ -194,13 +194,15 @@ class CampaignRunner:
                              settings=self.settings.model_dump(mode="json"), pool_hash=c.pool_hash, sla=c.sla,
                              correctness_hash=c.correctness_hash, engine=c.engine, gpus=self.endpoint.gpus, eras=[era],
                              engine_version=self.engine_version,
-                             previous={k: v for k, v in previous.items() if k != "best_config"} if previous else None)
+                             previous={**{k: v for k, v in previous.items() if k != "best_config"},
+                                       "spec_config_hash": config_hash(self.endpoint.server_config)}
+                             if previous else None)
 
     def engine_bump(self) -> Era | None:
         """A running campaign whose engine reports another version than its era was measured on opens an
         ``engine_bump`` era: the same config, its own noise floor (control runs), calibration and diagnosis, so
-        runs of two versions are never pooled. A round planned on the old version is abandoned. Returns the
-        new era (None: no bump)."""
+        runs of two versions are never pooled. A round planned on the old version is abandoned and the directions'
+        statistics start again. Returns the new era (None: no bump)."""
         st = self.state
         era = st.era
         if not self.running or same_version(era.engine_version, self.engine_version):
@@ -220,6 +222,7 @@ class CampaignRunner:
                              "engine_bump": {"from": old, "to": self.engine_version}, "decided_at": _now(),
                              "reason": f"engine version {old} -> {self.engine_version}: a fresh baseline (era "
                                        f"{new.index}) with its own noise floor and diagnosis"})
+        st.direction_stats = {}  # a direction spent on the old version is worth another look on the new one
         self._surrogate = None
         st.phase = "measure"
         self.save()

@@ -34,12 +34,16 @@ def test_an_engine_bump_mid_campaign_opens_an_era_with_its_own_control(tmp_path)
     first = runner(tmp_path, endpoint=ep, engine=Versioned(ep, "1.0"))
     first.measure()
     first.diagnose()
+    plan = first.plan()
     old = control_ids(first, first.state.era)
-    assert old and first.state.era.engine_version == "1.0"
+    assert old and first.state.era.engine_version == "1.0" and plan.proposals
     # the next step runs in a process whose engine reports a new version: the campaign goes on in a new era
     again = runner(tmp_path, endpoint=ep, engine=Versioned(ep, "1.1"))
     assert again.state.campaign_id == first.state.campaign_id and again.running
+    rec = again.run_proposal(plan, plan.proposals[0])  # the old version's round: not measured on the new one
+    assert not rec["ran"] and rec["verdict"] == "invalid" and "engine" in rec["reason"]
     assert again.plan() is None and again.running  # no round on the old version's control
+    assert again.state.rounds[-1]["status"] == "abandoned"
     era = again.measure()
     assert era.index == 1 and era.reason == "engine_bump" and era.engine_version == "1.1"
     assert era.config_hash == first.state.era.config_hash and era.noise and again.state.phase == "diagnose"
@@ -155,6 +159,6 @@ def test_a_rebuilt_pool_is_a_new_start_that_reuses_no_run_of_the_old_pool(tmp_pa
     assert control_ids(new, new.state.era) and not control_ids(new, new.state.era) & old_runs
     new.diagnose()
     plan2 = new.plan()
-    again = new.run_proposal(plan2, plan2.proposals[0])  # the same proposal id: measured anew, not "already ran"
-    assert again["proposal_id"] == rec["proposal_id"] and again["experiment_id"] != rec["experiment_id"]
-    assert not set(again["anchor_run_ids"]) & old_runs
+    # the same proposal in the same round: no experiment file says it "already ran" (run_proposal would reuse one)
+    assert [p.id for p in plan2.proposals] == [rec["proposal_id"]] and plan2.round == rec["round"]
+    assert not (tmp_path / "campaign" / "rounds" / "001" / "experiments" / "admit-1.json").exists()
