@@ -164,7 +164,8 @@ def build_report(runner: Any) -> dict[str, Any]:
     gpu_per_verdict = sorted((e.get("gpu_seconds") or 0) / 3600 for e in decided)
     report = {
         "campaign_id": st.campaign_id, "endpoint": st.endpoint, "sla": st.sla, "gpus": gpus,
-        "original_config": st.original.config, "reference_era": orig.index, "original_capacity_rps": (orig.noise or {}).get("median"),
+        "original_config": st.original.config, "reference_era": orig.index,
+        "original_capacity_rps": (orig.noise or {}).get("median"),
         "original_rps_per_gpu": per_gpu(orig, gpus),
         "final_capacity_rps": (best.noise or {}).get("median"), "final_rps_per_gpu": per_gpu(best, gpus),
         "gain": gain, "gain_ci": gain_ci, "gain_confidence": stats.DECISION_CONFIDENCE,
