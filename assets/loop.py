@@ -229,8 +229,9 @@ def proposals(context: dg.AssetExecutionContext, registry: EndpointRegistry, eng
     r = runner(context, registry, engines, settings, store, lake, memory, campaign)
     plan = r.plan()
     if plan is None:
-        return dg.MaterializeResult(metadata={"dagster/row_count": 0, "campaign_ended": True,
-                                              "reason": str(r.state.ended_because)})
+        return dg.MaterializeResult(metadata={"dagster/row_count": 0, "campaign_ended": not r.running,
+                                              "reason": str(r.state.ended_because or
+                                                            "the engine version changed: a fresh baseline first")})
     rows = [{"id": p.id, "proposer": p.proposer, "direction": p.direction, "kind": p.kind,
              "intervention": f"`{json.dumps(p.intervention.delta(), default=str)}`",
              "predicted": f"{p.prediction.capacity_ratio:.3f} [{p.prediction.ratio_low:.3f}, {p.prediction.ratio_high:.3f}]",
@@ -325,7 +326,7 @@ def correctness_gate(context: dg.AssetCheckExecutionContext, store: ArtifactStor
 
 
 @dg.asset(partitions_def=endpoints, group_name=LOOP, kinds={"json"}, automation_condition=EAGER,
-          deps=[experiment_results])
+          deps=[experiment_results], pool=GPU_POOL)  # a multi-knob candidate's ablation runs before it is promoted
 def promotion_decision(context: dg.AssetExecutionContext, registry: EndpointRegistry, engines: EngineFactory,
                        settings: MeasurementSettings, store: ArtifactStore, lake: ResultsLakeResource,
                        memory: MemoryStore, campaign: CampaignResource) -> dg.MaterializeResult:

@@ -44,6 +44,7 @@ from autoresearch_dagster.agents.offline import OfflineProposer, Predictor, diff
 from autoresearch_dagster.agents.orchestrator import (DirectionStat, RoundInputs, RoundPlan, control_groups,
                                                       exploit_proposals, merge_plans, plan_round)
 from autoresearch_dagster.agents.prescreen import prescreen
+from autoresearch_dagster.agents.search import normalize
 from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Proposal, ResearchBrief, lossy_settings
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
 from autoresearch_dagster.agents.tools import ToolBox
@@ -52,7 +53,7 @@ from autoresearch_dagster.campaign.state import CampaignSettings, CampaignState,
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.experiments import stats
-from autoresearch_dagster.experiments.campaign import Campaign, record_promotion, start_campaign
+from autoresearch_dagster.experiments.campaign import Campaign, campaign_id, identity, record_promotion, start_campaign
 from autoresearch_dagster.experiments.experiment import SharedControl, run_experiment
 from autoresearch_dagster.experiments.parallel import max_workers
 from autoresearch_dagster.experiments.runs import HarnessSettings, RunRecord
@@ -69,6 +70,25 @@ log = logging.getLogger(__name__)
 
 def _now() -> str:
     return utc_now().isoformat()
+
+
+ARCHIVED = ("state.json", "eras", "rounds", "traces", "surrogate_cache.json", "gpu_savings.json", "campaign.json",
+            "campaign_progress.png", "review")  # what a campaign writes in its directory (archived, not deleted)
+ABLATED_DIRECTIONS = ("scheduling_cache", "kernels_quant", "parallel_admission")  # speculative knobs are one technique
+
+
+def reported_version(engine: Any) -> str:
+    """The version the engine reports now (``Engine.version``); 'unknown' when it cannot say."""
+    try:
+        return str(engine.version() or "unknown")
+    except Exception:  # an engine that cannot say (not installed, not answering) is not a changed one
+        return "unknown"
+
+
+def same_version(a: str | None, b: str | None) -> bool:
+    """Two engine versions a campaign treats as one: equal, or either not known (nothing tells them apart)."""
+    unknown = (None, "", "unknown")
+    return a in unknown or b in unknown or str(a) == str(b)
 
 
 def gate_key(baseline: dict[str, Any], candidate: dict[str, Any], engine: str = "sglang") -> str:
@@ -88,10 +108,14 @@ class CampaignRunner:
                  settings: CampaignSettings | None = None, measurement: str | MeasurementProfile = "standard",
                  results: Any = None, memory: Memory | None = None, say: Say | None = None,
                  proposers: list[Any] | None = None, fresh: bool = False, origin: str | None = None):
-        """``fresh``: start anew even when ``out_dir`` holds a campaign (it is kept as state.<time>.json);
-        ``origin``: what started this campaign (a seeding run): a saved state of another origin, or of
-        another campaign identity (pool, SLA, correctness), is archived and a new one starts; otherwise
-        the saved state resumes."""
+        """``fresh``: start anew even when ``out_dir`` holds a campaign; ``origin``: what started this campaign
+        (a seeding run). A saved state of another origin, of another campaign identity (a rebuilt pool, another
+        SLA or correctness requirement), or an ended one whose engine now reports another version, is archived
+        (``archive/<campaign id>.<time>/``: its state, eras, rounds, traces and review package, so no control run
+        or experiment file of it is reused) and a new campaign starts: from the spec's config, or (``restart_from``
+        "promoted", after a rebuilt pool or an engine bump) from the previous campaign's best confirmed config.
+        A running campaign whose engine reports another version continues in an ``engine_bump`` era
+        (``engine_bump``); otherwise the saved state resumes."""
         self.endpoint, self.pool, self.engine, self.results = endpoint, pool, engine, results
         self.settings = settings or CampaignSettings()
         self.profile = measurement_profile(measurement) if isinstance(measurement, str) else measurement
@@ -100,15 +124,21 @@ class CampaignRunner:
         self.say = say or (lambda _m: None)
         self._proposers = proposers
         self.origin = origin
-        self.campaign: Campaign = start_campaign(endpoint, pool, results=results,
-                                                 engine_name=getattr(engine, "name", endpoint.engine))
+        self.engine_version = reported_version(engine)
         self.state_path = self.dir / "state.json"
         state = CampaignState.load(self.state_path) if self.state_path.exists() else None
-        if state is not None and (fresh or state.campaign_id != self.campaign.campaign_id
-                                  or (origin is not None and state.origin != origin)):
-            self.state_path.rename(self.dir / f"state.{dt.datetime.now().strftime('%Y%m%dT%H%M%S%f')}.json")
+        self._start_config, previous = dict(endpoint.server_config), None
+        why = self._restart_reason(state, fresh=fresh, origin=origin) if state is not None else None
+        if state is not None and why is not None:
+            previous = self._archive(state, why)
             state = None
-        self.state = state or self._new_state()
+        if state is None and previous is not None and previous["carry_over"]:
+            self._start_config = dict(previous["best_config"])
+        self.campaign: Campaign = start_campaign(
+            endpoint, pool, results=results, engine_name=getattr(engine, "name", endpoint.engine),
+            engine_version=state.engine_version if state is not None else self.engine_version,
+            baseline_config=self._start_config if state is None else None)
+        self.state = state or self._new_state(previous)
         self.save()
         b = self.settings.budget
         self.workers = max(1, min(b.max_concurrent_gpus // max(1, endpoint.gpus), max_workers()))
@@ -116,13 +146,89 @@ class CampaignRunner:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _new_state(self) -> CampaignState:
+    def _restart_reason(self, state: CampaignState, *, fresh: bool, origin: str | None) -> str | None:
+        """Why the saved state does not continue (None: it resumes)."""
+        if fresh:
+            return "fresh start asked for"
+        if origin is not None and state.origin != origin:
+            return "re-seeded"
+        pool_hash, sla, corr = identity(self.endpoint, self.pool)
+        if state.pool_hash != pool_hash:
+            return f"pool rebuilt: {state.pool_hash[:12]} -> {pool_hash[:12]}"
+        if (state.sla, state.correctness_hash) != (sla, corr):
+            return "SLA or correctness requirements changed"
+        if state.campaign_id != campaign_id(self.endpoint, self.pool, engine_version=state.engine_version):
+            return "another campaign identity"
+        ran_on = state.era.engine_version or state.engine_version
+        if state.status == "ended" and not same_version(ran_on, self.engine_version):
+            return f"engine_bump: {ran_on} -> {self.engine_version} after the campaign ended"
+        return None
+
+    def _archive(self, state: CampaignState, why: str) -> dict[str, Any]:
+        """Move the old campaign's files under ``archive/`` (nothing is deleted, nothing of it is reused)."""
+        from autoresearch_dagster.campaign.report import best_era
+
+        dest = self.dir / "archive" / f"{state.campaign_id}.{dt.datetime.now().strftime('%Y%m%dT%H%M%S%f')}"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ARCHIVED:
+            if (self.dir / name).exists():
+                (self.dir / name).rename(dest / name)
+        best = best_era(state)
+        # a changed engine or pool (not a re-seed, a fresh start or another SLA) carries the best config over, by
+        # policy, when the spec's config is still the one the old campaign's line started from
+        spec = (state.previous or {}).get("spec_config_hash") or config_hash(state.original.config)
+        carry = (self.settings.restart_from == "promoted" and why.startswith(("engine_bump", "pool rebuilt"))
+                 and spec == config_hash(self.endpoint.server_config) and best.index != state.original.index)
+        self.say(f"campaign {state.campaign_id} archived in {dest} ({why})"
+                 + (f"; the new campaign starts from its best config {best.config_hash}" if carry else ""))
+        return {"campaign_id": state.campaign_id, "why": why, "archive": str(dest), "status": state.status,
+                "engine_version": state.era.engine_version or state.engine_version, "pool_hash": state.pool_hash,
+                "best_config": best.config, "best_config_hash": best.config_hash, "carry_over": carry}
+
+    def _new_state(self, previous: dict[str, Any] | None = None) -> CampaignState:
         c = self.campaign
-        config = dict(self.endpoint.server_config)
-        era = Era(index=0, config=config, config_hash=config_hash(config), reason="original", set_at=_now())
+        config = dict(self._start_config)
+        era = Era(index=0, config=config, config_hash=config_hash(config), reason="original", set_at=_now(),
+                  engine_version=self.engine_version)
         return CampaignState(campaign_id=c.campaign_id, endpoint=self.endpoint.name, created_at=_now(), origin=self.origin,
                              settings=self.settings.model_dump(mode="json"), pool_hash=c.pool_hash, sla=c.sla,
-                             correctness_hash=c.correctness_hash, engine=c.engine, gpus=self.endpoint.gpus, eras=[era])
+                             correctness_hash=c.correctness_hash, engine=c.engine, gpus=self.endpoint.gpus, eras=[era],
+                             engine_version=self.engine_version,
+                             previous={**{k: v for k, v in previous.items() if k != "best_config"},
+                                       "spec_config_hash": config_hash(self.endpoint.server_config)}
+                             if previous else None)
+
+    def engine_bump(self) -> Era | None:
+        """A running campaign whose engine reports another version than its era was measured on opens an
+        ``engine_bump`` era: the same config, its own noise floor (control runs), calibration and diagnosis, so
+        runs of two versions are never pooled. A round planned on the old version is abandoned and the directions'
+        statistics start again. Returns the new era (None: no bump)."""
+        st = self.state
+        era = st.era
+        if not self.running or same_version(era.engine_version, self.engine_version):
+            return None
+        old = era.engine_version
+        if era.noise is None:  # nothing was measured on the old version in this era: it is measured on the new one
+            era.engine_version = self.engine_version
+            self.save()
+            return None
+        new = Era(index=era.index + 1, config=dict(era.config), config_hash=era.config_hash, reason="engine_bump",
+                  set_at=_now(), previous_config=dict(era.config), engine_version=self.engine_version)
+        st.eras.append(new)
+        if st.rounds and st.rounds[-1].get("status") == "planned":
+            st.rounds[-1].update(status="abandoned", note=(st.rounds[-1].get("note") or "") +
+                                 f"; abandoned: engine {old} -> {self.engine_version}")
+        st.decisions.append({"round": len(st.rounds), "era": new.index, "promote": False, "next": "measure",
+                             "engine_bump": {"from": old, "to": self.engine_version}, "decided_at": _now(),
+                             "reason": f"engine version {old} -> {self.engine_version}: a fresh baseline (era "
+                                       f"{new.index}) with its own noise floor and diagnosis"})
+        st.direction_stats = {}  # a direction spent on the old version is worth another look on the new one
+        self._surrogate = None
+        st.phase = "measure"
+        self.save()
+        self.say(f"engine {old} -> {self.engine_version}: era {new.index} re-measures {new.config_hash} on the new "
+                 "version (its own control, noise floor and diagnosis)")
+        return new
 
     def save(self) -> None:
         self.state.save(self.state_path)
@@ -187,8 +293,11 @@ class CampaignRunner:
         return [RunRecord(**{k: v for k, v in d.items() if k in RunRecord.__dataclass_fields__})
                 for d in json.loads(path.read_text())]
 
-    def _add_control_runs(self, runs: list[RunRecord]) -> None:
-        keep = self.control_runs() + [r for r in runs if r.valid]
+    def _add_control_runs(self, runs: list[RunRecord], version: str | None = None) -> None:
+        """Add valid runs to the era's control; a run of another engine version than the era's noise floor
+        (``version``: the one its runs reported) is never pooled with them."""
+        ref = version or (self.state.era.noise or {}).get("engine_version")
+        keep = self.control_runs() + [r for r in runs if r.valid and same_version(r.engine_version, ref)]
         write_json(self._era_dir() / "control_runs.json", json_safe([r.to_dict() for r in keep]))
         self.state.era.control_run_ids = [r.run_id for r in keep]
 
@@ -201,7 +310,9 @@ class CampaignRunner:
                             "mean_output_tokens": float(w.output_tokens.get("mean") or 0.0),
                             "prefix_hit_rate": float(w.prefix_hit_rate),
                             "interarrival_cv": float(w.interarrival_cv or 0.0)}
-        version = (self.state.era.noise or self.state.original.noise or {}).get("engine_version", "unknown")
+        era = self.state.era
+        version = (era.noise or {}).get("engine_version") or era.engine_version or (
+            self.state.original.noise or {}).get("engine_version", "unknown")
         return Conditions(engine=self.state.engine, engine_version=str(version), model=self.endpoint.model,
                           gpu=self.endpoint.hardware.gpu, gpus=self.endpoint.gpus, pool_hash=self.state.pool_hash,
                           traits={k: v for k, v in self._traits.items() if v is not None})
@@ -300,9 +411,12 @@ class CampaignRunner:
         from autoresearch_dagster.experiments.noise import measure_noise
         from autoresearch_dagster.measure.capacity import curve_run
 
+        self.engine_bump()
         era = self.state.era
         if not self.running:
             return era
+        if era.noise and self.state.phase != "measure":
+            return era  # measured already (an engine re-observed at the same version changes nothing)
         problem = self.budget_problem(noise_cost=True)
         if problem and era.index > 0:
             return self._end(problem)
@@ -319,7 +433,7 @@ class CampaignRunner:
             self.state.open_questions.append(f"the noise floor of {what} ({era.config_hash}) could not be measured: {e}")
             return self._end(f"the noise floor of {what} could not be measured")
         valid = [r for r in noise.runs if r.valid]
-        self._add_control_runs(valid)
+        self._add_control_runs(valid, version=noise.engine_version)
         gpu_s = float(sum(r.gpu_seconds for r in noise.runs))
         self.state.spent["gpu_seconds"] += gpu_s
         if not noise.floor.median > 0 or not math.isfinite(noise.capacity_cv):
@@ -344,7 +458,7 @@ class CampaignRunner:
         write_json(self._era_dir() / "noise.json", json_safe(noise.to_dict()))
         self.say(f"  capacity {noise.floor.median:.2f} req/s (95% CI {noise.floor.ci_low:.2f}-{noise.floor.ci_high:.2f}), "
                  f"CV {noise.capacity_cv:.2%}, verdict margin {margin:.2%}")
-        if era.index > 0:
+        if era.index > 0 and era.reason != "engine_bump":
             self._replication(era)
         if self.settings.calibrate:
             self._calibrate(era, curve)
@@ -358,6 +472,11 @@ class CampaignRunner:
 
     def _replication(self, era: Era) -> None:
         prev = self.state.eras[era.index - 1]
+        if not same_version(prev.engine_version, era.engine_version):
+            era.replication = {"replicated": None, "comparable": False, "rollback_checked": True,
+                               "reason": f"the previous baseline ran on engine {prev.engine_version}, this one on "
+                                         f"{era.engine_version}: not compared"}
+            return
         before = [float(r.value("capacity_interp_rps")) for r in self.control_runs(prev)
                   if r.value("capacity_interp_rps") is not None]
         after = era.noise["capacities"]
@@ -392,6 +511,8 @@ class CampaignRunner:
 
     def diagnose(self, report: dict[str, Any] | None = None, report_path: str | None = None) -> dict[str, Any]:
         """Diagnose the era's baseline (reusing its noise floor's load curve: ``capacity.curve_run``), or take ``report``."""
+        if self.engine_bump() is not None:
+            self.measure()
         era = self.state.era
         if not self.running:
             return {"hypotheses": era.hypotheses}
@@ -439,8 +560,11 @@ class CampaignRunner:
 
     def _tested(self) -> dict[str, str]:
         era = self.state.era
+        versions = {e.index: e.engine_version for e in self.state.eras}
+        # tried against this baseline on this engine version (an engine_bump era tries them again)
         out = {e["candidate_hash"]: f"{e['verdict']} in {e['experiment_id']} (this campaign)"
-               for e in self.state.experiments if e.get("baseline_hash") == era.config_hash}
+               for e in self.state.experiments if e.get("baseline_hash") == era.config_hash
+               and same_version(e.get("engine_version") or versions.get(e.get("era")), era.engine_version)}
         if self.memory:
             out = {**self.memory.tested(self.endpoint.name, era.config_hash, self.conditions()), **out}
         return out
@@ -471,8 +595,8 @@ class CampaignRunner:
 
     def plan(self) -> RoundPlan | None:
         """The next round's experiments (None when the campaign ended instead)."""
-        if not self.running:
-            return None
+        if not self.running or self.engine_bump() is not None or self.state.era.noise is None:
+            return None  # an engine bump re-measures first (noise_baseline observes the engine in Dagster)
         problem = self.budget_problem(experiment=True)
         if problem:
             self._end(problem)
@@ -685,7 +809,16 @@ class CampaignRunner:
                 "direction": proposal.direction, "kind": proposal.kind, "intervention": proposal.intervention.delta(),
                 "candidate_config": proposal.candidate_config, "candidate_hash": config_hash(proposal.candidate_config),
                 "baseline_hash": era.config_hash, "prediction": proposal.prediction.model_dump(mode="json"),
-                "trace": proposal.trace, "lossy": is_lossy(proposal.candidate_config, era.config, self.endpoint.engine)}
+                "trace": proposal.trace, "lossy": is_lossy(proposal.candidate_config, era.config, self.endpoint.engine),
+                "engine_version": era.engine_version}
+        if not same_version(era.engine_version, self.engine_version):
+            record = {**base, "verdict": "invalid", "confirmed": False, "ratio_median": None, "ci_low": None,
+                      "ci_high": None, "margin": None, "gpu_seconds": 0.0, "runs": 0, "ran": False,
+                      "reason": f"not run: the engine now reports {self.engine_version}, the era's control ran on "
+                                f"{era.engine_version} (a fresh baseline is measured first)",
+                      "invalid_reasons": ["engine version changed"], "correctness": None}
+            write_json(out, json_safe({"record": record}))
+            return record
         if proposal.is_patch:
             record = {**base, "verdict": "invalid", "confirmed": False, "ratio_median": None, "ci_low": None,
                       "ci_high": None, "margin": None, "gpu_seconds": 0.0, "runs": 0, "ran": False,
@@ -717,6 +850,12 @@ class CampaignRunner:
                              control=SharedControl(self.control_runs(), anchor_every=self.settings.anchor_every),
                              comparisons=max(1, len(plan.proposals)), correctness=self.state.gate_cache.get(key))
         v = res.stats
+        ref = (era.noise or {}).get("engine_version")
+        others = sorted({r.engine_version for r in res.runs if not same_version(r.engine_version, ref)})
+        if others:  # the engine changed under the experiment: its runs are not compared with the era's control
+            res.verdict, res.confirmed = "invalid", False
+            res.reason = f"runs of engine {', '.join(others)} against a control of {ref}: not compared"
+            res.invalid_reasons = [*res.invalid_reasons, "engine version changed"]
         record = {**base, "experiment_id": res.experiment_id, "verdict": res.verdict, "confirmed": res.confirmed,
                   "ratio_median": v.ratio_median if v else None, "ci_low": v.ci_low if v else None,
                   "ci_high": v.ci_high if v else None, "margin": v.margin if v else None,
@@ -749,75 +888,18 @@ class CampaignRunner:
         """Score, remember and decide after a round (see the module docstring); returns the decision."""
         if plan is None or not self.running:
             return self.end_decision()
-        era, st = self.state.era, self.state
-        margin = float(era.noise.get("margin") or 0.02)
-        cond = self.conditions()
-        findings, predictions, errors = [], [], []
-        sur = self.surrogate()
+        st = self.state
+        acc: dict[str, list[dict[str, Any]]] = {"findings": [], "predictions": [], "errors": []}
         for rec in records:
-            if any(e["experiment_id"] == rec["experiment_id"] for e in st.experiments):
-                continue
-            rec = dict(rec)
-            rec["score"] = scoring.score(rec["prediction"], rec["verdict"], rec.get("ratio_median"), margin)
-            if rec.get("ran"):
-                st.spent["experiments"] += 1
-                st.spent["gpu_seconds"] += float(rec.get("gpu_seconds") or 0.0)
-            gate_failed = rec.get("correctness") is not None and not rec["correctness"].get("passed")
-            if rec["direction"] != "control" and rec.get("ran") and not gate_failed:
-                # a gate failure is a correctness finding (learned as such), not a sign the direction is spent
-                s = DirectionStat(**st.direction_stats.get(rec["direction"], {}))
-                s.record(rec["verdict"])
-                st.direction_stats[rec["direction"]] = s.__dict__
-            if rec.get("correctness") is not None and rec.get("gate_key"):
-                st.gate_cache[rec["gate_key"]] = rec["correctness"]
-                failed = sorted(set(lossy_settings(rec["candidate_config"])) - set(lossy_settings(era.config)))
-                if not rec["correctness"].get("passed") and failed:
-                    st.gate_failures[rec["experiment_id"]] = failed
-            if rec["verdict"] in ("better", "same", "worse") and rec.get("ratio_median"):
-                emu = grounding.emulator_prediction(sur, era.config, rec["candidate_config"], st.surrogate.get("version"))
-                if emu is not None:  # the emulator's prediction beside the measurement
-                    st.residuals.append({"knobs": sorted(rec["intervention"]), "predicted": emu["ratio"],
-                                         "measured": rec["ratio_median"], "experiment_id": rec["experiment_id"]})
-                    row = emulator_errors.error_row(
-                        experiment_id=rec["experiment_id"], proposal_id=rec["proposal_id"], campaign_id=st.campaign_id,
-                        round_no=plan.round, era=era.index, knobs=list(rec["intervention"]), emulated_ratio=emu["ratio"],
-                        measured_ratio=rec["ratio_median"], verdict=rec["verdict"],
-                        ci=(rec.get("ci_low"), rec.get("ci_high")), calibration_version=emu["calibration_version"],
-                        surrogate_model=emu["surrogate_model"], baseline_rps=emu["baseline_rps"],
-                        candidate_rps=emu["candidate_rps"], recorded_at=utc_now())
-                    emu["log_error"] = row["log_error"]
-                    errors.append(row)
-                rec["emulator_prediction"] = emu
-            if rec.get("anchor_run_ids"):
-                anchors = json.loads((self.dir / "rounds" / f"{plan.round:03d}" / "experiments" /
-                                      f"{rec['proposal_id']}.json").read_text()).get("anchors", [])
-                self._add_control_runs([RunRecord(**{k: v for k, v in a.items() if k in RunRecord.__dataclass_fields__})
-                                        for a in anchors])
-            self._attribute(rec)
-            self._diversity(rec, margin)
-            bottleneck = next((h["bottleneck"] for h in era.hypotheses if set(rec["intervention"]) & set(h.get("knobs", []))),
-                              None)
-            finding = {"endpoint": self.endpoint.name, "campaign_id": st.campaign_id,
-                       "experiment_id": rec["experiment_id"], "technique": technique(rec["intervention"]),
-                       "bottleneck": bottleneck, "direction": rec["direction"], "outcome": outcome(rec["verdict"]),
-                       "verdict": rec["verdict"], "ratio": rec.get("ratio_median"),
-                       "ci": [rec.get("ci_low"), rec.get("ci_high")],
-                       "lossy": rec.get("lossy"), "model": self.endpoint.model, "model_family": cond.model_family,
-                       "gpu": cond.gpu, "gpus": cond.gpus, "engine_version": cond.engine_version,
-                       "traits": cond.traits, "reason": rec.get("reason", "")[:300]}
-            if self.memory is not None:
-                self.memory.record(self.endpoint.name, {
-                    "campaign_id": st.campaign_id, "experiment_id": rec["experiment_id"],
-                    "baseline_hash": rec["baseline_hash"], "candidate_hash": rec["candidate_hash"],
-                    "intervention": rec["intervention"], "candidate_config": rec["candidate_config"],
-                    "verdict": rec["verdict"], "ratio": rec.get("ratio_median"),
-                    "gate_failed": st.gate_failures.get(rec["experiment_id"]),
-                    "ci": [rec.get("ci_low"), rec.get("ci_high")], "reason": rec.get("reason", "")[:300],
-                    "conditions_key": cond.key(), "conditions": cond.__dict__}, finding if rec.get("ran") else None)
-            if rec.get("ran"):
-                findings.append(finding)
-            predictions.append(self._prediction_row(rec, plan.round, margin))
-            st.experiments.append(rec)
+            self._take(rec, plan, acc)
+        decision = self._decide(plan, [e for e in st.experiments if e["round"] == plan.round])
+        if decision["promote"] and not same_version(st.era.engine_version, self.engine_version):
+            decision.update(promote=False, reason=decision["reason"] + f"; not promoted: the engine now reports "
+                            f"{self.engine_version} (measured on {st.era.engine_version}): a fresh baseline first")
+        elif decision["promote"] and self.settings.ablate:
+            self._ablate(plan, decision, acc)
+        self._budget_decision(decision)
+        findings, predictions, errors = acc["findings"], acc["predictions"], acc["errors"]
         if self.results is not None:
             if findings:
                 self.results.append_rows(finding_rows(findings, st.campaign_id), endpoint=self.endpoint.name)
@@ -829,15 +911,88 @@ class CampaignRunner:
             self._version_memory(f"{self.endpoint.name}: round {plan.round} of campaign {st.campaign_id}")
         self._recalibrate_on_drift()
         self._save_surrogate()
-        decision = self._decide(plan, [e for e in st.experiments if e["round"] == plan.round])
         st.rounds[-1].update({"experiments": [e["experiment_id"] for e in st.experiments if e["round"] == plan.round],
                               "status": "closed", "decision": decision})
         st.decisions.append(decision)
         st.phase = "end" if decision["next"] == "end" else ("measure" if decision["promote"] else "plan")
         if decision["next"] == "end":
             self._end(decision["ended_because"])
+        elif not same_version(st.era.engine_version, self.engine_version):
+            decision["next"] = "measure"  # not another round on the old control: the engine_bump era first
+            self.engine_bump()
         self.save()
         return decision
+
+    def _take(self, rec: dict[str, Any], plan: RoundPlan, acc: dict[str, list[dict[str, Any]]]) -> None:
+        """One experiment's record into the campaign: score, spend, direction statistics, the correctness cache,
+        the emulator's error, the control's new anchors, memory (``acc`` gathers the round's lake rows)."""
+        era, st = self.state.era, self.state
+        margin = float(era.noise.get("margin") or 0.02)
+        cond = self.conditions()
+        sur = self.surrogate()
+        if any(e["experiment_id"] == rec["experiment_id"] for e in st.experiments):
+            return
+        rec = dict(rec)
+        rec["score"] = scoring.score(rec["prediction"], rec["verdict"], rec.get("ratio_median"), margin)
+        if rec.get("ran"):
+            st.spent["experiments"] += 1
+            st.spent["gpu_seconds"] += float(rec.get("gpu_seconds") or 0.0)
+        gate_failed = rec.get("correctness") is not None and not rec["correctness"].get("passed")
+        if rec["direction"] != "control" and rec.get("ran") and not gate_failed:
+            # a gate failure is a correctness finding (learned as such), not a sign the direction is spent
+            s = DirectionStat(**st.direction_stats.get(rec["direction"], {}))
+            s.record(rec["verdict"])
+            st.direction_stats[rec["direction"]] = s.__dict__
+        if rec.get("correctness") is not None and rec.get("gate_key"):
+            st.gate_cache[rec["gate_key"]] = rec["correctness"]
+            failed = sorted(set(lossy_settings(rec["candidate_config"])) - set(lossy_settings(era.config)))
+            if not rec["correctness"].get("passed") and failed:
+                st.gate_failures[rec["experiment_id"]] = failed
+        if rec["verdict"] in ("better", "same", "worse") and rec.get("ratio_median"):
+            emu = grounding.emulator_prediction(sur, era.config, rec["candidate_config"], st.surrogate.get("version"))
+            if emu is not None:  # the emulator's prediction beside the measurement
+                st.residuals.append({"knobs": sorted(rec["intervention"]), "predicted": emu["ratio"],
+                                     "measured": rec["ratio_median"], "experiment_id": rec["experiment_id"]})
+                row = emulator_errors.error_row(
+                    experiment_id=rec["experiment_id"], proposal_id=rec["proposal_id"], campaign_id=st.campaign_id,
+                    round_no=plan.round, era=era.index, knobs=list(rec["intervention"]), emulated_ratio=emu["ratio"],
+                    measured_ratio=rec["ratio_median"], verdict=rec["verdict"],
+                    ci=(rec.get("ci_low"), rec.get("ci_high")), calibration_version=emu["calibration_version"],
+                    surrogate_model=emu["surrogate_model"], baseline_rps=emu["baseline_rps"],
+                    candidate_rps=emu["candidate_rps"], recorded_at=utc_now())
+                emu["log_error"] = row["log_error"]
+                acc["errors"].append(row)
+            rec["emulator_prediction"] = emu
+        if rec.get("anchor_run_ids"):
+            anchors = json.loads((self.dir / "rounds" / f"{plan.round:03d}" / "experiments" /
+                                  f"{rec['proposal_id']}.json").read_text()).get("anchors", [])
+            self._add_control_runs([RunRecord(**{k: v for k, v in a.items() if k in RunRecord.__dataclass_fields__})
+                                    for a in anchors])
+        self._attribute(rec)
+        self._diversity(rec, margin)
+        bottleneck = next((h["bottleneck"] for h in era.hypotheses if set(rec["intervention"]) & set(h.get("knobs", []))),
+                          None)
+        finding = {"endpoint": self.endpoint.name, "campaign_id": st.campaign_id,
+                   "experiment_id": rec["experiment_id"], "technique": technique(rec["intervention"]),
+                   "bottleneck": bottleneck, "direction": rec["direction"], "outcome": outcome(rec["verdict"]),
+                   "verdict": rec["verdict"], "ratio": rec.get("ratio_median"),
+                   "ci": [rec.get("ci_low"), rec.get("ci_high")],
+                   "lossy": rec.get("lossy"), "model": self.endpoint.model, "model_family": cond.model_family,
+                   "gpu": cond.gpu, "gpus": cond.gpus, "engine_version": cond.engine_version,
+                   "traits": cond.traits, "reason": rec.get("reason", "")[:300]}
+        if self.memory is not None:
+            self.memory.record(self.endpoint.name, {
+                "campaign_id": st.campaign_id, "experiment_id": rec["experiment_id"],
+                "baseline_hash": rec["baseline_hash"], "candidate_hash": rec["candidate_hash"],
+                "intervention": rec["intervention"], "candidate_config": rec["candidate_config"],
+                "verdict": rec["verdict"], "ratio": rec.get("ratio_median"),
+                "gate_failed": st.gate_failures.get(rec["experiment_id"]),
+                "ci": [rec.get("ci_low"), rec.get("ci_high")], "reason": rec.get("reason", "")[:300],
+                "conditions_key": cond.key(), "conditions": cond.__dict__}, finding if rec.get("ran") else None)
+        if rec.get("ran"):
+            acc["findings"].append(finding)
+        acc["predictions"].append(self._prediction_row(rec, plan.round, margin))
+        st.experiments.append(rec)
 
     def _version_memory(self, message: str) -> None:
         """Commit the memory's round; a failure is logged, told and kept in the state (the report shows it)."""
@@ -899,7 +1054,7 @@ class CampaignRunner:
 
     def _attribute(self, rec: dict[str, Any]) -> None:
         promo = self.state.last_promotion
-        if rec["kind"] != "control" or not promo or rec["source"] == "rollback":
+        if rec["kind"] != "control" or not promo or rec["source"] in ("rollback", "ablation"):
             return
         group = rec["proposal_id"].rsplit("control-", 1)[-1]
         role = {"worse": "carries gain (reverting it loses capacity)", "same": "no effect in the combination",
@@ -934,6 +1089,7 @@ class CampaignRunner:
         decision: dict[str, Any] = {"round": plan.round, "era": era.index, "promote": False, "proposal_id": None,
                                     "experiment_id": None, "config": None, "ratio": None, "ci": None,
                                     "decided_at": _now()}
+        eligible = [r for r in eligible if r.get("source") != "ablation"]  # an ablation answers for its candidate
         if eligible:
             best = max(eligible, key=lambda r: (r.get("ci_low") or 0.0, r.get("ratio_median") or 0.0))
             decision.update(promote=True, proposal_id=best["proposal_id"], experiment_id=best["experiment_id"],
@@ -945,6 +1101,10 @@ class CampaignRunner:
                                                                         "floor")))
         else:
             decision["reason"] = f"no promotable better candidate ({summary})"
+        return decision
+
+    def _budget_decision(self, decision: dict[str, Any]) -> dict[str, Any]:
+        """What comes next within the budget: a promotion needs room to re-measure its noise floor."""
         problem = self.budget_problem(noise_cost=decision["promote"])
         if problem and decision["promote"]:
             decision.update(promote=False, reason=decision["reason"] + f"; not promoted: {problem} (no room to "
@@ -954,6 +1114,112 @@ class CampaignRunner:
         decision["next"] = "end" if problem else "continue"
         decision["ended_because"] = problem
         return decision
+
+    def _ablate(self, plan: RoundPlan, decision: dict[str, Any], acc: dict[str, list[dict[str, Any]]]) -> None:
+        """Before promoting a candidate that changes several knobs of one direction, measure it with each of them
+        reverted (leave-one-out, against the era's shared control like any experiment) and promote the smallest
+        set that is still better than the baseline and not worse than the full set beyond the noise floor (the
+        verdict of the full set's runs against the variant's, at the era's noise CV and margin); repeated while a
+        knob can be dropped. Each ablation run counts against the budget; one the budget has no room for (beside the
+        new baseline's noise floor) is not run, and the reason is kept. The ablation is recorded in the decision
+        (``ablation``), hence in the round and in the promoted era."""
+        era = self.state.era
+        full = next(e for e in self.state.experiments if e["experiment_id"] == decision["experiment_id"])
+        delta = diff(era.config, full["candidate_config"])
+        groups = {g: ks for g, ks in control_groups(delta).items() if len(ks) > 1 and g in ABLATED_DIRECTIONS}
+        if not groups:
+            return
+        margin = float((era.noise or {}).get("margin") or 0.02)
+        full_caps = self._candidate_capacities(full)
+        resolved = (era.noise or {}).get("resolved") or {}
+        noise_cost = float((era.noise or {}).get("gpu_seconds") or 0.0)
+        ab: dict[str, Any] = {"experiment_id": full["experiment_id"], "full": delta, "full_ratio": full["ratio_median"],
+                              "margin": margin, "groups": {g: list(ks) for g, ks in groups.items()},
+                              "variants": [], "dropped": [], "skipped": None}
+        current, current_rec = dict(full["candidate_config"]), full
+        for group, knobs in groups.items():
+            while True:
+                kept = [k for k in knobs if k in diff(era.config, current)]
+                if len(kept) < 2:
+                    break
+                tried = []
+                for k in kept:
+                    cfg = normalize({**current, k: era.config.get(k)}, era.config, resolved, self.endpoint.engine)
+                    pid = f"{full['proposal_id']}-without-{k}" + ("" if current_rec is full else
+                                                                  f"-{config_hash(current)[:6]}")
+                    rec = next((e for e in self.state.experiments if e["proposal_id"] == pid
+                                and e["round"] == plan.round), None)
+                    if rec is None:
+                        problem = self.budget_problem(experiment=True, pending_gpu_seconds=noise_cost)
+                        if problem:
+                            ab["skipped"] = f"{pid} not run: {problem}"
+                            self.say(f"  ablation {pid} not run: {problem}")
+                            break
+                        rec = self.run_proposal(plan, self._ablation_proposal(plan, pid, full, cfg, k))
+                        self._take(rec, plan, acc)
+                        rec = self.state.experiments[-1] if self.state.experiments[-1]["proposal_id"] == pid else rec
+                    caps = self._candidate_capacities(rec)
+                    vs = stats.verdict(full_caps, caps, noise_cv=float(era.noise["cv"]),
+                                       min_margin=self.harness().min_margin, seed=self.settings.seed) \
+                        if len(full_caps) >= 2 and len(caps) >= 2 else None
+                    ok = (rec["verdict"] == "better" and not rec.get("invalid_reasons") and vs is not None
+                          and vs.verdict != "worse")
+                    ab["variants"].append({"proposal_id": pid, "experiment_id": rec["experiment_id"], "without": k,
+                                           "config": cfg, "verdict": rec["verdict"], "ratio": rec.get("ratio_median"),
+                                           "ci": [rec.get("ci_low"), rec.get("ci_high")],
+                                           "vs_full": {"verdict": vs.verdict, "ratio": vs.ratio_median,
+                                                       "ci": [vs.ci_low, vs.ci_high], "margin": vs.margin}
+                                           if vs else None, "within_margin": ok})
+                    if ok:
+                        tried.append((vs.ratio_median, k, cfg, rec))
+                if not tried:
+                    break
+                _, k, current, current_rec = max(tried, key=lambda t: t[0])
+                ab["dropped"].append(k)
+                self.say(f"  ablation: {k} adds nothing beyond the noise floor ({current_rec['ratio_median']:.3f}x "
+                         f"without it, {full['ratio_median']:.3f}x with it): dropped")
+                if ab["skipped"]:
+                    break
+            if ab["skipped"]:
+                break
+        ab["promoted"] = diff(era.config, current)
+        decision["ablation"] = ab
+        if current_rec is not full:
+            decision.update(proposal_id=current_rec["proposal_id"], experiment_id=current_rec["experiment_id"],
+                            config=current, ratio=current_rec["ratio_median"],
+                            ci=[current_rec["ci_low"], current_rec["ci_high"]],
+                            reason=decision["reason"] + f"; ablated to {json.dumps(ab['promoted'], default=str)} "
+                                   f"(dropped {', '.join(ab['dropped'])}: not worse without them beyond the noise "
+                                   "floor)")
+        elif ab["skipped"]:
+            decision["reason"] += f"; ablation incomplete ({ab['skipped']}): the full set is promoted"
+
+    def _candidate_capacities(self, rec: dict[str, Any]) -> list[float]:
+        """An experiment's candidate capacities (its file in the round's directory)."""
+        path = self.dir / "rounds" / f"{int(rec['round']):03d}" / "experiments" / f"{rec['proposal_id']}.json"
+        res = (json.loads(path.read_text()).get("result") or {}) if path.exists() else {}
+        return [float(c) for c in res.get("capacities_candidate") or [] if c is not None]
+
+    def _ablation_proposal(self, plan: RoundPlan, pid: str, full: dict[str, Any], cfg: dict[str, Any],
+                           knob: str) -> Proposal:
+        era = self.state.era
+        pred = self.predictor().predict(era.config, [cfg])[0]
+        prediction = self.predictor().prediction(pred) if pred.get("feasible") else {
+            "capacity_ratio": full["ratio_median"], "ratio_low": full["ci_low"], "ratio_high": full["ci_high"],
+            "basis": "the full candidate's measured ratio"}
+        return Proposal(
+            id=pid, endpoint=self.endpoint.name, campaign_id=self.state.campaign_id, round=plan.round,
+            proposer="orchestrator", source="ablation", direction="control", kind="control",
+            question=f"Does {full['proposal_id']} keep its gain without {knob}?",
+            explanation=(f"{full['proposal_id']} changes several knobs of one direction and measured better "
+                         f"({full['ratio_median']:.3f}x); before it is promoted it is measured with {knob} left at the "
+                         "baseline's value, so a knob that adds nothing is not promoted with the others"),
+            evidence=[f"{full['experiment_id']}: {full['ratio_median']:.3f}x "
+                      f"[{full['ci_low']:.3f}, {full['ci_high']:.3f}]"],
+            intervention=Intervention(changes=[KnobChange(knob=k, value=v) for k, v in diff(era.config, cfg).items()]),
+            prediction=prediction, falsification=f"{knob} carries part of the gain if the ratio without it falls "
+                                                 "below the full set's by more than the verdict margin",
+            candidate_config=cfg)
 
     def set_baseline(self, config: dict[str, Any], *, experiment_id: str | None, reason: str = "promotion") -> Era:
         """A promoted (or rolled-back) config becomes the next era; the original stays the reference."""
@@ -965,7 +1231,9 @@ class CampaignRunner:
             reason = "rollback"
         era = Era(index=cur.index + 1, config=dict(config), config_hash=config_hash(config), reason=reason,
                   set_at=_now(), source_experiment_id=experiment_id, delta=diff(cur.config, config),
-                  previous_config=dict(cur.config))
+                  previous_config=dict(cur.config), engine_version=cur.engine_version,
+                  ablation=next((d["ablation"] for d in reversed(self.state.decisions)
+                                 if d.get("experiment_id") == experiment_id and d.get("ablation")), None))
         self.state.eras.append(era)
         self.state.last_promotion = {"experiment_id": experiment_id, "delta": era.delta, "previous_config": cur.config,
                                      "ablated": len(control_groups(era.delta)) < 2, "era": era.index}

@@ -23,13 +23,34 @@ from autoresearch_dagster.spec import is_lossy
 
 
 def confirmed_eras(state: Any) -> list[Any]:
-    """Eras whose capacity was measured and, for promotions, replicated."""
-    return [e for e in state.eras if e.noise and (e.index == 0 or (e.replication or {}).get("replicated"))]
+    """Eras whose capacity was measured and, for promotions, replicated (an engine_bump era re-measured its
+    config on the new engine version)."""
+    return [e for e in state.eras if e.noise and (e.index == 0 or e.reason == "engine_bump"
+                                                  or (e.replication or {}).get("replicated"))]
+
+
+def _same_version(a: Any, b: Any) -> bool:
+    from autoresearch_dagster.campaign.loop import same_version
+
+    return same_version(a, b)
 
 
 def best_era(state: Any) -> Any:
+    """The confirmed era of highest capacity among those of the latest measured engine version (capacities of
+    two engine versions are not compared)."""
     eras = confirmed_eras(state)
+    if eras:
+        version = eras[-1].engine_version
+        eras = [e for e in eras if _same_version(e.engine_version, version)]
     return max(eras, key=lambda e: e.noise["median"]) if eras else state.eras[0]
+
+
+def reference_era(state: Any, best: Any) -> Any:
+    """What the gain is measured against: the original, or after an engine bump the first measured era of the
+    best era's engine version (the working config re-measured on it)."""
+    if _same_version(state.original.engine_version, best.engine_version):
+        return state.original
+    return next((e for e in state.eras if e.noise and _same_version(e.engine_version, best.engine_version)), best)
 
 
 def per_gpu(era: Any, gpus: int) -> float:
@@ -112,7 +133,8 @@ def build_report(runner: Any) -> dict[str, Any]:
 
     st = runner.state
     gpus = runner.endpoint.gpus
-    orig, best = st.original, best_era(st)
+    best = best_era(st)
+    orig = reference_era(st, best)
     gain = gain_ci = None
     if orig.noise and best.noise:
         if best.index == orig.index:
@@ -142,13 +164,14 @@ def build_report(runner: Any) -> dict[str, Any]:
     gpu_per_verdict = sorted((e.get("gpu_seconds") or 0) / 3600 for e in decided)
     report = {
         "campaign_id": st.campaign_id, "endpoint": st.endpoint, "sla": st.sla, "gpus": gpus,
-        "original_config": orig.config, "original_capacity_rps": (orig.noise or {}).get("median"),
+        "original_config": st.original.config, "reference_era": orig.index,
+        "original_capacity_rps": (orig.noise or {}).get("median"),
         "original_rps_per_gpu": per_gpu(orig, gpus),
         "final_capacity_rps": (best.noise or {}).get("median"), "final_rps_per_gpu": per_gpu(best, gpus),
         "gain": gain, "gain_ci": gain_ci, "gain_confidence": stats.DECISION_CONFIDENCE,
         "gpu_savings": runner.gpu_savings(),
         "best_config": best.config, "best_config_hash": best.config_hash, "best_era": best.index,
-        "lossy": is_lossy(best.config, orig.config, runner.endpoint.engine), "correctness": correctness,
+        "lossy": is_lossy(best.config, st.original.config, runner.endpoint.engine), "correctness": correctness,
         "experiments": experiments,
         "by_verdict": dict(Counter(e["verdict"] for e in st.experiments)),
         "by_source": dict(Counter(f"{e['proposer']}/{e['kind']}" for e in st.experiments)),
@@ -158,7 +181,9 @@ def build_report(runner: Any) -> dict[str, Any]:
         "eras": [{"index": e.index, "config_hash": e.config_hash, "reason": e.reason,
                   "source_experiment_id": e.source_experiment_id, "delta": e.delta,
                   "capacity_rps": (e.noise or {}).get("median"), "cv": (e.noise or {}).get("cv"),
-                  "replication": e.replication} for e in st.eras],
+                  "replication": e.replication, "engine_version": e.engine_version, "ablation": e.ablation}
+                 for e in st.eras],
+        "engine_version": st.era.engine_version, "previous_campaign": st.previous,
         "promotion_attribution": (st.last_promotion or {}).get("attribution"),
         "open_questions": open_questions(st, runner.memory, runner.profile_for_memory()),
         "ended_because": st.ended_because, "rounds": len(st.rounds),

@@ -5,7 +5,9 @@ The state is one JSON file (``<campaign dir>/state.json``) rewritten atomically 
 a crashed or interrupted campaign resumes where it stopped (``phase``) and a budget that runs out
 ends it with everything kept. Each era is one working baseline: the original (the campaign's
 reference, never replaced) or a promotion, with its noise floor, diagnosis and the baseline runs
-that serve as the shared control of its rounds.
+that serve as the shared control of its rounds. Every era records the engine version it was measured on:
+an engine that reports another version mid-campaign opens an ``engine_bump`` era (same config, its own
+noise floor, control and diagnosis), so runs of two versions are never pooled in one control.
 """
 from __future__ import annotations
 
@@ -66,6 +68,13 @@ class CampaignSettings(BaseModel):
                                     "acceptance length on held-out traffic needed for a full training run")
     drafter_train: dict[str, Any] = Field(default_factory=dict, description="drafter.settings.DrafterSettings "
                                           "overrides for rehearsal and full training (steps, target_steps, ...)")
+    restart_from: Literal["promoted", "original"] = Field(
+        default="promoted", description="what a new campaign starts from when the conditions of an ended one changed "
+                                        "(the engine reports a new version, the pool was rebuilt): the previous "
+                                        "campaign's best confirmed config, or the spec's server config")
+    ablate: bool = Field(default=True, description="before promoting a candidate that changes several knobs of one "
+                                                   "direction, measure it without each of them and promote the smallest "
+                                                   "set whose gain is within the verdict margin of the full set's")
     seed: int = 0
     budget: CampaignBudget = Field(default_factory=CampaignBudget)
 
@@ -76,7 +85,7 @@ class Era:
     index: int
     config: dict[str, Any]
     config_hash: str
-    reason: str  # original | promotion | rollback
+    reason: str  # original | promotion | rollback | engine_bump
     set_at: str
     source_experiment_id: str | None = None
     delta: dict[str, Any] = field(default_factory=dict)  # change against the previous era
@@ -87,6 +96,8 @@ class Era:
     report_path: str | None = None
     replication: dict[str, Any] | None = None  # a promotion's re-measured gain against the previous era
     rounds: int = 0
+    engine_version: str | None = None  # what the engine reported when the era began: its runs are of this version
+    ablation: dict[str, Any] | None = None  # a promotion's within-direction ablation (CampaignRunner._ablate)
 
     @property
     def curve_run_id(self) -> str | None:
@@ -108,6 +119,8 @@ class CampaignState:
     engine: str
     gpus: int
     origin: str | None = None  # what started it (a Dagster seeding run), so a re-seed starts a new one
+    engine_version: str | None = None  # the engine's version when the campaign started (part of its id)
+    previous: dict[str, Any] | None = None  # the ended campaign this one succeeded (why, its archive, its best)
     eras: list[Era] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
     experiments: list[dict[str, Any]] = field(default_factory=list)

@@ -27,9 +27,9 @@ def settings(*, search_trials: int = 0, **budget) -> CampaignSettings:
 
 
 def runner(tmp: Path, *, settings_=None, pool=None, memory: Path | None = None, proposers=None, endpoint=None,
-           fresh: bool = False, say=None, measurement=None) -> CampaignRunner:
+           fresh: bool = False, say=None, measurement=None, engine=None) -> CampaignRunner:
     ep = endpoint or small_endpoint(engine_options={"hidden_factors_seed": 5})
     pool = pool if pool is not None else long_prompt_pool(tmp)
-    return CampaignRunner(ep, pool, engine=EmulatorEngine(ep), out_dir=tmp / "campaign",
+    return CampaignRunner(ep, pool, engine=engine or EmulatorEngine(ep), out_dir=tmp / "campaign",
                           settings=settings_ or settings(), measurement=measurement or TINY, results=open_lake(tmp / "lake"),
                           memory=Memory(memory or tmp / "memory"), proposers=proposers, fresh=fresh, say=say)
