@@ -82,4 +82,9 @@ def test_a_campaign_adapts_the_drafter_and_measures_it(tmp_path):
     # the experiment's engine served the full training's measured acceptance, not the rehearsal's
     acc = json.loads((tmp_path / "campaign" / "drafters" / path.rsplit("/", 1)[1] / "acceptance.json").read_text())
     assert drafter_acceptance(exp["candidate_config"]).per_position == tuple(acc["per_position"])
-    assert summary["status"] == "ended" or st.status == "ended"
+    full_report = json.loads((tmp_path / "campaign" / "drafters" / path.rsplit("/", 1)[1] / "acceptance_report.json")
+                             .read_text())
+    assert full_report["target"].get("cached"), "the full run serves the rehearsal's target, not a retrained one"
+    assert st.status == "ended" and summary["experiments"]
+    print(f"drafter: rehearsal {d['rehearsal']}; full {exp['drafter']}; verdict {exp['verdict']} "
+          f"{exp['ratio_median']}; predicted {exp['prediction']['capacity_ratio']}")
