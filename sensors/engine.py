@@ -42,7 +42,7 @@ def engine_version_sensor(context: dg.SensorEvaluationContext, registry: Endpoin
     # an unavailable engine keeps its last known version, so its return is not read as a bump
     cursor = {**seen, **{k: v for k, v in versions.items() if "unavailable" not in v or k not in seen}}
     events = []
-    if joined(cursor) != joined(seen) or not context.cursor:
+    if versions and (joined(cursor) != joined(seen) or not context.cursor):
         events.append(dg.AssetObservation(asset_key=ENGINE, tags={"dagster/data_version": joined(versions)},
                                           metadata={"versions": dg.MetadataValue.json(versions),
                                                     "observed_by": "engine_version_sensor"}))
