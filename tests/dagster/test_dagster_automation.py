@@ -155,3 +155,20 @@ def test_engine_version_is_observed_on_its_cron(instance):
     later = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor,
                                               evaluation_time=start + datetime.timedelta(minutes=10))
     assert later.get_num_requested(dg.AssetKey("engine_version")) == 1
+
+
+def test_a_sensor_run_that_remeasured_with_its_check_is_not_followed_by_the_check_again(instance):
+    """The engine-version sensor's run materializes noise_baseline and runs replay_vs_production with it:
+    the automation sensor requests what is below, not the replay check a second time."""
+    t = seed(instance)
+    replay = dg.AssetCheckKey(dg.AssetKey("noise_baseline"), "replay_vs_production")
+    mat(instance, "noise_baseline")
+    check(instance, "noise_baseline", "replay_vs_production", True)
+    mat(instance, "diagnostic_report")
+    res = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=t.cursor)
+    got = {r.key for r in res.results if not r.true_subset.is_empty}
+    assert dg.AssetKey("proposals") in got and replay not in got
+    mat(instance, "confirmed_baseline")  # a promotion: the automation sensor requests the check with the noise floor
+    res = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=res.cursor)
+    got = {r.key for r in res.results if not r.true_subset.is_empty}
+    assert {dg.AssetKey("noise_baseline"), replay} <= got
