@@ -150,8 +150,12 @@ def noise_baseline(context: dg.AssetExecutionContext, registry: EndpointRegistry
 
 
 @dg.asset_check(asset=noise_baseline, blocking=True, partitions_def=endpoints, pool=GPU_POOL,
-                # requested with noise_baseline, so a tick can request what is below it in the same run
-                automation_condition=dg.AutomationCondition.any_deps_updated(),
+                # requested with noise_baseline, so a tick can request what is below it in the same run; not again
+                # after (or while) a run that executes it with noise_baseline (a sensor's run: the engine-version
+                # re-measure; a tick between the asset and its check must not request the check again)
+                automation_condition=dg.AutomationCondition.any_deps_updated().since(
+                    dg.AutomationCondition.newly_requested() | dg.AutomationCondition.newly_updated())
+                & ~dg.AutomationCondition.in_progress(),
                 description="The pool replays as production ran: the production config replays it at production "
                             "speed, and the engine's cached-input tokens, in-flight requests over time, arrival "
                             "timing and token lengths after redaction match what the log says production did. A "

@@ -44,6 +44,7 @@ from resources import (  # noqa: E402
 from sensors import (  # noqa: E402
     campaign_sensor,
     endpoint_discovery_sensor,
+    engine_version_sensor,
     loop_automation,
     new_logs_sensor,
     orphaned_run_sensor,
@@ -62,13 +63,28 @@ def _path(env: str, default: str) -> str:
     return str(p if p.is_absolute() else PROJECT_ROOT / p)
 
 
+def _json_env(env: str) -> dict:
+    """A JSON object of resource fields from the environment (AUTORESEARCH_MEASURE_JSON, AUTORESEARCH_CAMPAIGN_JSON):
+    how a deployment the daemon loads (``autoresearch serve``) sets what ``make run`` passes as arguments."""
+    import json
+
+    raw = os.environ.get(env)
+    if not raw:
+        return {}
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"{env} must be a JSON object of resource fields, got {raw!r}")
+    return value
+
+
 def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candidates_dir: str | None = None,
                settings: MeasurementSettings | None = None, campaign: CampaignResource | None = None,
                memory_dir: str | None = None) -> dg.Definitions:
     """The project's Definitions; arguments override the AUTORESEARCH_* environment defaults."""
     out = out_dir or _path("AUTORESEARCH_OUT", "out")
     if settings is None:
-        settings = MeasurementSettings(profile=os.environ.get("AUTORESEARCH_MEASURE", "standard"))
+        settings = MeasurementSettings(**{"profile": os.environ.get("AUTORESEARCH_MEASURE", "standard"),
+                                          **_json_env("AUTORESEARCH_MEASURE_JSON")})
     engines = (EngineFactory(api_key=dg.EnvVar("AUTORESEARCH_API_KEY")) if "AUTORESEARCH_API_KEY" in os.environ
                else EngineFactory())
     pool_settings = PoolSettings(
@@ -80,7 +96,7 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
         # the automation sensor observes engine_version on its cron; this job does it on demand
         jobs=[dg.define_asset_job(OBSERVE_ENGINE_JOB, selection=dg.AssetSelection.assets("engine_version")),
               approve_production],
-        sensors=[endpoint_discovery_sensor, promotion_sensor, campaign_sensor, new_logs_sensor, loop_automation,
+        sensors=[endpoint_discovery_sensor, engine_version_sensor, promotion_sensor, campaign_sensor, new_logs_sensor, loop_automation,
                  orphaned_run_sensor],
         resources={
             "registry": EndpointRegistry(
@@ -93,9 +109,10 @@ def build_defs(*, out_dir: str | None = None, spec_dir: str | None = None, candi
             "store": ArtifactStore(out_dir=out),
             "lake": ResultsLakeResource(root=str(Path(out) / "lake")),
             "memory": MemoryStore(path=memory_dir or _path("AUTORESEARCH_MEMORY", str(Path(out) / "memory"))),
-            "campaign": campaign or CampaignResource(
-                proposer=os.environ.get("AUTORESEARCH_PROPOSER", "offline"),
-                budget_experiments=int(os.environ.get("AUTORESEARCH_BUDGET_EXPERIMENTS", "12"))),
+            "campaign": campaign or CampaignResource(**{
+                "proposer": os.environ.get("AUTORESEARCH_PROPOSER", "offline"),
+                "budget_experiments": int(os.environ.get("AUTORESEARCH_BUDGET_EXPERIMENTS", "12")),
+                **_json_env("AUTORESEARCH_CAMPAIGN_JSON")}),
         },
     )
 

@@ -7,12 +7,14 @@ is the promotion sensor's edge, not this one. Reads every decision since its cur
 """
 import dagster as dg
 
+from sensors.interval import interval
+
 DECISION = dg.AssetKey("promotion_decision")
 ROUND = [dg.AssetKey("proposals"), dg.AssetKey("experiment_results"), DECISION]
 REPORT = dg.AssetKey("campaign_report")
 
 
-@dg.sensor(target=[*ROUND, REPORT], minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(target=[*ROUND, REPORT], minimum_interval_seconds=interval(30), default_status=dg.DefaultSensorStatus.RUNNING)
 def campaign_sensor(context: dg.SensorEvaluationContext):
     """Request the next round for a decision that continues the campaign, the report for one that ends it."""
     after = int(context.cursor) if context.cursor else None

@@ -4,11 +4,12 @@ import dagster as dg
 
 from assets.partitions import endpoints
 from resources import EndpointRegistry
+from sensors.interval import interval
 
 FIRST_RUN_ASSETS = [dg.AssetKey("replay_pool"), dg.AssetKey("confirmed_baseline")]
 
 
-@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+@dg.sensor(minimum_interval_seconds=interval(60), default_status=dg.DefaultSensorStatus.RUNNING,
            target=[dg.AssetKey("replay_pool"), dg.AssetKey("confirmed_baseline")])
 def endpoint_discovery_sensor(context: dg.SensorEvaluationContext, registry: EndpointRegistry):
     """Add a partition for every endpoint spec file without one and build its pool and baseline in

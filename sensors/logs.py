@@ -6,9 +6,10 @@ import dagster as dg
 
 from assets.partitions import endpoints
 from resources import EndpointRegistry
+from sensors.interval import interval
 
 
-@dg.sensor(target=[dg.AssetKey("replay_pool")], minimum_interval_seconds=60,
+@dg.sensor(target=[dg.AssetKey("replay_pool")], minimum_interval_seconds=interval(60),
            default_status=dg.DefaultSensorStatus.RUNNING)
 def new_logs_sensor(context: dg.SensorEvaluationContext, registry: EndpointRegistry):
     """Request a replay_pool rebuild for an endpoint whose log files changed since the last tick.

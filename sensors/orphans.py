@@ -14,6 +14,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from sensors.interval import interval
+
 ORPHAN_TAG = "autoresearch/orphaned"
 # The host that executes a run in process (jobs.instance.execute): a pid means something only there.
 HOST_TAG = "autoresearch/host"
@@ -79,7 +81,7 @@ def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
     return failed
 
 
-@dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(minimum_interval_seconds=interval(30), default_status=dg.DefaultSensorStatus.RUNNING)
 def orphaned_run_sensor(context: dg.SensorEvaluationContext):
     """Marks failed the runs whose local run worker died, so the run-retry daemon resumes them."""
     failed = fail_orphaned_runs(context.instance)

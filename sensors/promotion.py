@@ -3,6 +3,7 @@
 import dagster as dg
 
 from assets.config import PROMOTED_FROM_TAG, BaselineConfig
+from sensors.interval import interval
 
 DECISION = dg.AssetKey("promotion_decision")
 BASELINE = dg.AssetKey("confirmed_baseline")
@@ -16,7 +17,7 @@ def _already_promoted(instance: dg.DagsterInstance, partition: str, source_run: 
     return bool(runs)
 
 
-@dg.sensor(target=[BASELINE], minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(target=[BASELINE], minimum_interval_seconds=interval(30), default_status=dg.DefaultSensorStatus.RUNNING)
 def promotion_sensor(context: dg.SensorEvaluationContext):
     """Turn each positive promotion_decision into a run that re-materializes confirmed_baseline with
     the candidate's config. Reads every decision since the cursor (an @asset_sensor would see only

@@ -65,6 +65,13 @@ def emulator_version() -> str:
     return f"emulator-{v}+cm{COST_MODEL_VERSION}.{cost_model_fingerprint()[:6]}"
 
 
+def endpoint_version(endpoint: Any) -> str:
+    """The version an emulated endpoint reports: the emulator's, plus ``+release`` when the spec sets
+    ``engine_options.release`` (an emulated engine upgrade)."""
+    release = (getattr(endpoint, "engine_options", None) or {}).get("release")
+    return f"{emulator_version()}+{release}" if release not in (None, "") else emulator_version()
+
+
 LPM_MAX_QUEUE = 128  # schedule_policy.py WAITING_QUEUE_PREFIX_MATCH_MAX
 LPM_MATCH_S = 4e-6  # scheduler CPU per waiting request prefix-matched by a cache-aware policy
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION

@@ -31,7 +31,7 @@ from aiohttp import web
 from autoresearch_dagster.emulator.catalog import gpu, model_card
 from autoresearch_dagster.emulator.calibrations import calibrated_efficiency
 from autoresearch_dagster.emulator.cost import endpoint_efficiency
-from autoresearch_dagster.emulator.core import EngineCore, emulator_version
+from autoresearch_dagster.emulator.core import EngineCore, endpoint_version
 from autoresearch_dagster.emulator.openai_protocol import (
     GenRequest, RequestError, ResponseWriter, TextPieces, error_body, output_length, parse_request, text_seed, usage,
 )
@@ -314,7 +314,7 @@ class EmulatorServer:
             "served_model_name": self.model_name,
             "launch_command": "autoresearch emulator serve --endpoint " + (self.endpoint.source_path or self.endpoint.name),
             "max_req_input_len": min(self.context_len, self.max_total_num_tokens) - 1,
-            "version": emulator_version(),  # the same string EmulatorEngine.version() reports
+            "version": endpoint_version(self.endpoint),  # the same string EmulatorEngine.version() reports
         }
 
     async def _server_info(self, _request: web.Request) -> web.Response:

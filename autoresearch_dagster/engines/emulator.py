@@ -15,6 +15,8 @@ deployment; the proposers' surrogate never uses them. An endpoint whose spec set
 ``engine_options: {calibration: latest}`` (or a calibration file) runs on its stored calibration
 (``emulator.calibrations``). ``engine_options: {spec_acceptance: PATH | ACCEPT_LENGTH}`` replaces the
 per-algorithm speculative acceptance rate with a measured one (``emulator.spec_acceptance``).
+``engine_options: {release: LABEL}`` appends ``+LABEL`` to the version the engine and its deployments report,
+an emulated engine upgrade (what an operator's version bump looks like to the engine_version sensor).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import numpy as np
 from typing import Any, Literal
 
 from autoresearch_dagster.emulator.catalog import gpu, model_card
-from autoresearch_dagster.emulator.core import EmuRequest, EngineCore, emulator_version
+from autoresearch_dagster.emulator.core import EmuRequest, EngineCore, endpoint_version
 from autoresearch_dagster.emulator.cost import Efficiency, endpoint_efficiency
 from autoresearch_dagster.emulator.engine_view import VLLM_CPU_DEFAULTS, emulator_view, is_cpu_device, portable
 from autoresearch_dagster.emulator.fleet import simulate_fleet
@@ -133,7 +135,7 @@ class VirtualDeployment:
         return self.clock if self.endpoint.autoscaling is None else self._replica_s
 
     def server_info(self) -> dict[str, Any]:
-        info = {**self.core.server_info(), "version": emulator_version(), "engine": "emulator", "mode": "virtual"}
+        info = {**self.core.server_info(), "version": endpoint_version(self.endpoint), "engine": "emulator", "mode": "virtual"}
         if self.requested is not None:  # an emulated vLLM endpoint: its knobs as asked, the view beside them
             info = {"engine": "vllm", "emulated": True, "version": info["version"], "server_args": self.requested,
                     "emulator": info}
@@ -204,7 +206,7 @@ class EmulatorEngine:
         return _HttpEmulatorDeployment(serve_in_thread(server), model=ep.model)
 
     def version(self) -> str:
-        return emulator_version()
+        return endpoint_version(self.endpoint)
 
     def worker_recipe(self) -> tuple | None:
         """What a local worker process needs to rebuild this engine (``experiments.parallel``); None in

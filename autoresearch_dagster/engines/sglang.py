@@ -7,7 +7,8 @@ when sglang is installed), launches ``python -m sglang.launch_server --model-pat
 directory, waits for ``/health`` (and ``/ready``), reads ``/server_info`` and refuses a server
 whose resolved config differs from what was asked (config drift names the knob). The result is
 the runner's ``HttpDeployment`` whose ``close()`` also stops the process group (SIGTERM, then
-SIGKILL after a grace period).
+SIGKILL after a grace period). ``start_profile`` / ``stop_profile`` (the diagnosis window) keep SGLang's trace
+files in the run directory as well as handing them to the caller (``SGLangDeployment``).
 
 ``endpoint.engine_options`` (all optional):
   model_path         model directory or HF id (default: the endpoint's ``model``)
@@ -217,16 +218,100 @@ def _kill_group(pgid: int, proc: subprocess.Popen, log) -> None:
 
 
 class SGLangDeployment(HttpDeployment):
-    """The runner's HTTP deployment of a server this engine started; closing it stops the server."""
+    """The runner's HTTP deployment of a server this engine started; closing it stops the server.
+
+    Profiling (``start_profile`` / ``stop_profile`` around the diagnosis window) writes SGLang's per-rank
+    traces into the run's directory (``<run_dir>/profiles/<n>/``, beside ``server.log``; the server shares
+    this filesystem), waits for them to be complete, copies them to where the caller asked, and records
+    each window in ``<run_dir>/profiles.json`` (request, HTTP answers, files, errors). A window still open
+    when the deployment closes (a failed step) is stopped first, so its trace is kept; then the process
+    group goes, even when that stop fails."""
+
+    TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
 
     def __init__(self, base_url: str, process: ServerProcess, run_dir: Path, info: dict[str, Any], **kwargs: Any):
         super().__init__(base_url, **kwargs)
         self.process = process
         self.run_dir = run_dir
         self.startup_info = info
+        self.profile_wait_s = 60.0
+        self._window: dict[str, Any] | None = None
+        self._windows: list[dict[str, Any]] = []
+
+    def _record(self) -> None:
+        write_json(self.run_dir / "profiles.json", self._windows, sort_keys=True)
+
+    def start_profile(self, output_dir: str) -> None:
+        """POST /start_profile with the trace directory inside the run's directory; RuntimeError (with the
+        server's answer and its log's tail) when the server refuses."""
+        if self._window is not None:
+            raise EngineError("start_profile while a profile window is open: call stop_profile first")
+        n = len(self._windows)
+        server_dir = self.run_dir / "profiles" / f"{n:02d}"
+        server_dir.mkdir(parents=True, exist_ok=True)
+        body = {"output_dir": str(server_dir.resolve()), "profile_id": f"window{n:02d}", "activities": ["CPU", "GPU"]}
+        window = {"index": n, "request": body, "copy_to": str(output_dir), "started_at": time.time(), "files": []}
+        self._windows.append(window)
+        status, answer = self._admin("POST", "/start_profile", body, timeout=60.0)
+        window["start_status"] = status
+        if status != 200:
+            window["error"] = f"/start_profile answered HTTP {status}: {answer[:300].decode('utf-8', 'replace')}"
+            self._record()
+            raise EngineError(f"{window['error']}; server log {self.process.log_path}:\n{self.process.log_tail(800)}")
+        self._window = window
+        self._record()
+
+    def _traces(self, server_dir: Path) -> list[Path]:
+        return sorted(p for p in server_dir.rglob("*") if p.is_file() and p.name.endswith(self.TRACE_SUFFIXES))
+
+    def _wait_for_traces(self, server_dir: Path) -> list[Path]:
+        """The trace files once their sizes stop changing (SGLang writes them after answering), within
+        ``profile_wait_s``; what is there by then otherwise."""
+        deadline, last = time.monotonic() + self.profile_wait_s, None
+        while True:
+            files = self._traces(server_dir)
+            sizes = [(p.name, p.stat().st_size) for p in files]
+            if files and sizes == last:
+                return files
+            if time.monotonic() > deadline or not self.process.alive():
+                return files
+            last = sizes
+            time.sleep(0.2)
+
+    def stop_profile(self) -> list[str]:
+        """POST /stop_profile and collect the window's traces: kept in the run's directory, copied to the
+        directory ``start_profile`` was given; returns the copies ([] when the server wrote none)."""
+        import shutil
+
+        window, self._window = self._window, None
+        if window is None:
+            return []
+        status, answer = self._admin("POST", "/stop_profile", timeout=120.0)
+        window.update(stop_status=status, stopped_at=time.time())
+        if status != 200:
+            window["error"] = f"/stop_profile answered HTTP {status}: {answer[:300].decode('utf-8', 'replace')}"
+        server_dir = Path(window["request"]["output_dir"])
+        traces = self._wait_for_traces(server_dir) if status == 200 else self._traces(server_dir)
+        dest = Path(window["copy_to"])
+        dest.mkdir(parents=True, exist_ok=True)
+        copies = []
+        for p in traces:
+            target = dest / p.name
+            if target.resolve() != p.resolve():
+                shutil.copy2(p, target)
+            copies.append(str(target))
+        window["files"] = [str(p) for p in traces]
+        self._record()
+        return copies
 
     def close(self) -> None:
         try:
+            if self._window is not None and self.process.alive():
+                try:
+                    self.stop_profile()
+                except Exception as e:  # noqa: BLE001 - the server must go whatever its profiler does
+                    self._windows[-1]["error"] = f"stop_profile at close failed: {e}"
+                    self._record()
             super().close()
         finally:
             code = self.process.stop()

@@ -6,7 +6,7 @@ import datetime
 import uuid
 
 import dagster as dg
-from dagster._core.events import DagsterEvent, DagsterEventType
+from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.instance.utils import RUNLESS_JOB_NAME
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
@@ -155,3 +155,31 @@ def test_engine_version_is_observed_on_its_cron(instance):
     later = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor,
                                               evaluation_time=start + datetime.timedelta(minutes=10))
     assert later.get_num_requested(dg.AssetKey("engine_version")) == 1
+
+
+def test_a_sensor_run_that_remeasured_with_its_check_is_not_followed_by_the_check_again(instance):
+    """The engine-version sensor's run materializes noise_baseline and runs replay_vs_production with it:
+    the automation sensor requests what is below, not the replay check a second time."""
+    t = seed(instance)
+    replay = dg.AssetCheckKey(dg.AssetKey("noise_baseline"), "replay_vs_production")
+    job = defs.resolve_implicit_global_asset_job_def()
+    run = instance.create_run_for_job(job, asset_selection=frozenset({dg.AssetKey("noise_baseline"),
+                                                                      dg.AssetKey("diagnostic_report")}),
+                                      tags={"dagster/partition": EP})  # the sensor's run, in progress
+    # its noise floor is in; its check has not run yet
+    instance.report_dagster_event(DagsterEvent(
+        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value, job_name=job.name,
+        event_specific_data=StepMaterializationData(dg.AssetMaterialization("noise_baseline", partition=EP))),
+        run_id=run.run_id)
+    res = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=t.cursor)
+    assert replay not in {r.key for r in res.results if not r.true_subset.is_empty}
+    check(instance, "noise_baseline", "replay_vs_production", True)
+    mat(instance, "diagnostic_report")
+    instance.report_run_failed(run)  # the run is over (how does not matter here)
+    res = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=res.cursor)
+    got = {r.key for r in res.results if not r.true_subset.is_empty}
+    assert dg.AssetKey("proposals") in got and replay not in got
+    mat(instance, "confirmed_baseline")  # a promotion: the automation sensor requests the check with the noise floor
+    res = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=res.cursor)
+    got = {r.key for r in res.results if not r.true_subset.is_empty}
+    assert {dg.AssetKey("noise_baseline"), replay} <= got

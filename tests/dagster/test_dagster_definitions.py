@@ -49,8 +49,8 @@ def test_experiments_fan_out_one_step_each_on_the_gpu_pool():
 
 def test_sensors_run_by_default_and_automation_covers_the_source_asset():
     sensors = {s.name: s for s in defs.sensors}
-    assert set(sensors) == {"endpoint_discovery_sensor", "promotion_sensor", "campaign_sensor", "new_logs_sensor",
-                            "loop_automation", "orphaned_run_sensor"}
+    assert set(sensors) == {"endpoint_discovery_sensor", "engine_version_sensor", "promotion_sensor", "campaign_sensor",
+                            "new_logs_sensor", "loop_automation", "orphaned_run_sensor"}
     for s in sensors.values():
         assert s.default_status == dg.DefaultSensorStatus.RUNNING, s.name
     auto = sensors["loop_automation"]

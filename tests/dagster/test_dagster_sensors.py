@@ -6,8 +6,9 @@ import dagster as dg
 
 from assets.config import PROMOTED_FROM_TAG
 from .conftest import write_spec
-from resources import EndpointRegistry
-from sensors import campaign_sensor, endpoint_discovery_sensor, new_logs_sensor, promotion_sensor
+from resources import EndpointRegistry, EngineFactory
+from sensors import (campaign_sensor, endpoint_discovery_sensor, engine_version_sensor, new_logs_sensor,
+                     promotion_sensor)
 
 
 def _registry(project):
@@ -100,3 +101,27 @@ def test_logs_sensor_requests_a_rebuild_when_logs_change(project, instance):
     (req,) = changed.run_requests
     assert req.partition_key == "ep1" and req.asset_selection == [dg.AssetKey("replay_pool")]
     assert changed.cursor != same.cursor
+
+
+def test_engine_version_sensor_observes_versions_and_remeasures_an_endpoint_whose_version_changed(project, instance):
+    resources = {"registry": _registry(project), "engines": EngineFactory()}
+    spec = project / "endpoints" / "ep1.yaml"
+    first = engine_version_sensor(dg.build_sensor_context(instance=instance, resources=resources))
+    assert first.run_requests == []  # the first sighting only records the version (discovery starts the campaign)
+    (obs,) = first.asset_events
+    assert obs.asset_key == dg.AssetKey("engine_version") and "ep1=emulator:emulator-" in obs.tags["dagster/data_version"]
+    same = engine_version_sensor(dg.build_sensor_context(instance=instance, resources=resources, cursor=first.cursor))
+    assert same.run_requests == [] and same.asset_events == []
+
+    spec.write_text(spec.read_text().replace("{hidden_factors_seed: 7}", "{hidden_factors_seed: 7, release: r2}"))
+    unknown = engine_version_sensor(dg.build_sensor_context(instance=instance, resources=resources, cursor=first.cursor))
+    assert unknown.run_requests == []  # no partition yet: nothing to re-measure
+    instance.add_dynamic_partitions("endpoints", ["ep1"])
+    bump = engine_version_sensor(dg.build_sensor_context(instance=instance, resources=resources, cursor=first.cursor))
+    (req,) = bump.run_requests
+    assert req.partition_key == "ep1" and req.tags["autoresearch/reason"] == "engine version bump"
+    assert req.tags["autoresearch/engine_version"].endswith("+r2")
+    assert {k.to_user_string() for k in req.asset_selection} == {"noise_baseline", "diagnostic_report"}
+    assert bump.asset_events[0].tags["dagster/data_version"].endswith("+r2")
+    after = engine_version_sensor(dg.build_sensor_context(instance=instance, resources=resources, cursor=bump.cursor))
+    assert after.run_requests == [] and after.asset_events == []

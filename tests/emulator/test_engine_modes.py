@@ -24,3 +24,18 @@ def test_http_mode_streams_through_the_runner():
     finally:
         dep.close()
 
+
+
+def test_a_release_in_the_spec_is_the_version_every_mode_reports():
+    from autoresearch_dagster.emulator.core import emulator_version
+
+    plain = endpoint()
+    ep = plain.model_copy(update={"engine_options": {**plain.engine_options, "release": "r2"}})
+    assert EmulatorEngine(plain).version() == emulator_version()
+    assert EmulatorEngine(ep).version() == f"{emulator_version()}+r2"
+    assert EmulatorEngine(ep).deploy({}, seed=0).server_info()["version"] == f"{emulator_version()}+r2"
+    dep = EmulatorEngine(ep, mode="http", noise=NoiseSettings.off()).deploy({}, seed=0)
+    try:
+        assert dep.server_info()["version"] == f"{emulator_version()}+r2"  # the HTTP server's /server_info
+    finally:
+        dep.close()

@@ -179,3 +179,90 @@ def test_correctness_gate_across_two_engine_deployments(tmp_path):
     finally:
         base.close()
     assert res.passed and res.method == "echo" and 0 < res.kl_mean < res.threshold
+
+
+# ---------------------------------------------------------------- against the emulator impersonating SGLang
+
+STANDIN = [sys.executable, str(Path(__file__).with_name("sglang_emulator_standin.py"))]
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "endpoints" / "demo.yaml"
+
+
+def _emulated_endpoint(tmp_path) -> EndpointSpec:
+    return EndpointSpec(name="emu-sglang", model="gemma-moe-26b-a4b", hardware={"gpu": "H200", "count": 1},
+                        sla="ttft_p99<=3000ms", engine="sglang",
+                        engine_options={"launch_command": STANDIN, "model_path": "gemma-moe-26b-a4b",
+                                        "extra_args": ["--emulate-endpoint", str(DEMO)],
+                                        "run_dir": str(tmp_path / "runs"), "startup_timeout_s": 60,
+                                        "stop_grace_s": 5})
+
+
+def _requests(n: int) -> list[ScheduledRequest]:
+    body = {"messages": [{"role": "user", "content": "profile me " * 20}], "max_tokens": 8, "stream": True,
+            "stream_options": {"include_usage": True}}
+    return [ScheduledRequest(f"p{i}", 0.02 * i, "chat", body, prompt_tokens=40, output_tokens=8) for i in range(n)]
+
+
+def test_the_runner_lifecycle_against_the_emulator_server_profiles_the_window_and_keeps_traces_with_the_run(tmp_path):
+    """Free port, launch with the flags, health, /server_info, /metrics, the profile window around a step
+    (traces in the run's directory and handed to the diagnosis), logs kept, the process group gone."""
+    from autoresearch_dagster.diagnose.profile import parse_profile
+
+    eng = SGLangEngine(_emulated_endpoint(tmp_path))
+    dep = eng.deploy({"chunked_prefill_size": 4096}, seed=1)
+    pgid = dep.process.pgid
+    try:
+        assert dep.server_info()["chunked_prefill_size"] == 4096  # the flag reached the emulated server
+        assert eng.version().startswith("emulator-")  # what its /server_info reports
+        assert "sglang:num_running_reqs" in dep.metrics_text()
+        diag = tmp_path / "diagnosis" / "profile"
+        dep.start_profile(str(diag))
+        with pytest.raises(EngineError, match="profile window is open"):
+            dep.start_profile(str(diag))
+        out = dep.run_step(_requests(6), step_id="profiled", timeout_s=60)
+        assert [r.status for r in out.records] == ["ok"] * 6
+        files = dep.stop_profile()
+        assert files and all(Path(f).parent == diag and Path(f).name.endswith(".trace.json.gz") for f in files)
+        kept = sorted((dep.run_dir / "profiles" / "00").glob("*.trace.json.gz"))
+        assert [p.name for p in kept] == sorted(Path(f).name for f in files)  # the run keeps its own copy
+        summary = parse_profile(Path(files[0]))
+        assert sum(summary.n_steps.values()) > 0  # a readable trace of the window's forward steps
+        window = json.loads((dep.run_dir / "profiles.json").read_text())[0]
+        assert window["start_status"] == window["stop_status"] == 200 and window["files"]
+        assert dep.stop_profile() == []  # no window open: nothing to stop
+    finally:
+        dep.close()
+    assert _gone(pgid)
+    assert (dep.run_dir / "exit_code").exists()
+    assert "emulated SGLang server" in (dep.run_dir / "server.log").read_text()
+
+
+def test_a_failed_profile_window_still_tears_the_server_down_and_keeps_its_trace(tmp_path):
+    """A step that fails inside the window: close() stops the profiler (its trace stays with the run), then
+    the process group; a server that refuses /start_profile is an EngineError naming its answer."""
+    eng = SGLangEngine(_emulated_endpoint(tmp_path))
+    dep = eng.deploy({}, seed=0)
+    pgid = dep.process.pgid
+    try:
+        dep.start_profile(str(tmp_path / "diag"))
+        dep.run_step(_requests(3), step_id="doomed", timeout_s=60)
+        raise KeyboardInterrupt  # the diagnosis step dies here, before stop_profile
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dep.close()
+    assert _gone(pgid)
+    window = json.loads((dep.run_dir / "profiles.json").read_text())[0]
+    assert window["stop_status"] == 200 and window["files"]
+    assert all(Path(f).exists() and Path(f).is_relative_to(dep.run_dir) for f in window["files"])
+
+    dep = eng.deploy({}, seed=0)
+    try:
+        # another client's window is open on the server: SGLang refuses a second start
+        from autoresearch_dagster.engines.base import http_request
+
+        assert http_request(dep.base_url + "/start_profile", method="POST", body=b"{}")[0] == 200
+        with pytest.raises(EngineError, match=r"(?s)/start_profile answered HTTP 400.*already in progress.*server log"):
+            dep.start_profile(str(tmp_path / "diag2"))
+    finally:
+        dep.close()
+    assert json.loads((dep.run_dir / "profiles.json").read_text())[0]["start_status"] == 400
