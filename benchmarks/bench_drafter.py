@@ -103,8 +103,26 @@ def capacity_table(endpoint, pool_path: str | Path, acceptance: dict[str, Path],
 
 def run_bench(logs: list[Path], out: Path, *, settings=None, capacity: bool = True, endpoint_path: Path | None = None,
               tight_sla: str = TIGHT_SLA, step_s: float = 60.0, workers: int = 1, max_records: int | None = None,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The benchmark's measurements as a dict (what ``main`` prints); ``capacity=False`` skips the emulator."""
+              threads: int | None = 1, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The benchmark's measurements as a dict (what ``main`` prints); ``capacity=False`` skips the emulator.
+    ``threads``: torch's intra-op threads while the drafter trains and is measured (restored after; None
+    leaves torch's default). One is the default: the models are tiny, and on shared cores torch's
+    OpenMP threads wait on each other (30 target training steps took 51 s with 2 threads, 3.6 s with 1,
+    on 2 cores at load average 10)."""
+    import torch
+
+    prev = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _run_bench(logs, out, settings=settings, capacity=capacity, endpoint_path=endpoint_path,
+                          tight_sla=tight_sla, step_s=step_s, workers=workers, max_records=max_records, log=log)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def _run_bench(logs: list[Path], out: Path, *, settings, capacity: bool, endpoint_path: Path | None, tight_sla: str,
+               step_s: float, workers: int, max_records: int | None, log: Callable[[str], None]) -> dict[str, Any]:
     from autoresearch_dagster.drafter.settings import DrafterSettings
     from autoresearch_dagster.drafter.train import run_train
     from autoresearch_dagster.pool.build import build_pool
@@ -224,6 +242,7 @@ def main() -> None:
     ap.add_argument("--tight-sla", default=TIGHT_SLA, help=f"the tight SLA (default {TIGHT_SLA})")
     ap.add_argument("--step-s", type=float, help="capacity step duration (default 60, --quick 20)")
     ap.add_argument("--workers", type=int, default=2, help="capacity searches in parallel (spawned processes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the drafter (default 1; 0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="working directory (default: a temporary directory)")
     ap.add_argument("--json", help="also write the results here")
@@ -235,7 +254,7 @@ def main() -> None:
     res = run_bench([Path(p) for p in args.logs], out, settings=s, capacity=not args.no_capacity,
                     endpoint_path=Path(args.endpoint), tight_sla=args.tight_sla,
                     step_s=args.step_s or (20.0 if args.quick else 60.0), workers=args.workers,
-                    log=lambda m: print(m, flush=True))
+                    threads=args.threads or None, log=lambda m: print(m, flush=True))
     print_results(res)
     print()
     print(f"wall {time.perf_counter() - t0:.0f} s (drafter {res['drafter_wall_s']:.0f} s"
