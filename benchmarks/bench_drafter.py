@@ -18,7 +18,7 @@ target's own continuations of the training split) and prints, all measured here:
   demo SLA and under a tight TPOT SLA.
 
 Usage: python benchmarks/bench_drafter.py [--quick] [--out DIR] [--workers 2]
-Full run: the pipeline's default recipe plus 6 capacity searches at 60 s steps (about 3.5 minutes on 2
+Full run: the pipeline's default recipe plus 6 capacity searches at 60 s steps (2 to 6 minutes on 2
 shared cores). ``--quick``: 150 head steps, 12 requests per slice, 16 tokens decoded per request, 20 s
 capacity steps (about 1.5 minutes); its figures are noisier, the redaction deltas most of all.
 """
@@ -111,14 +111,23 @@ def run_bench(logs: list[Path], out: Path, *, settings=None, capacity: bool = Tr
     on 2 cores at load average 10)."""
     import torch
 
-    prev = torch.get_num_threads()
+    from autoresearch_dagster.pool.redact import KEY_ENV
+
+    prev, prev_key = torch.get_num_threads(), os.environ.get(KEY_ENV)
     if threads:
         torch.set_num_threads(threads)
+    # the pool's key for the re-redaction of the original logs too (the pipeline's Redactor reads it from
+    # the environment): without it each run draws a random key, other pseudonyms and other windows
+    os.environ[KEY_ENV] = POOL_KEY.decode()
     try:
         return _run_bench(logs, out, settings=settings, capacity=capacity, endpoint_path=endpoint_path,
                           tight_sla=tight_sla, step_s=step_s, workers=workers, max_records=max_records, log=log)
     finally:
         torch.set_num_threads(prev)
+        if prev_key is None:
+            os.environ.pop(KEY_ENV, None)
+        else:
+            os.environ[KEY_ENV] = prev_key
 
 
 def _run_bench(logs: list[Path], out: Path, *, settings, capacity: bool, endpoint_path: Path | None, tight_sla: str,
