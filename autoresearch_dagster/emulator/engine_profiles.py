@@ -218,7 +218,7 @@ def fit_one(points: list[Any], *, engine: str, releases: str = "*", arch: str = 
 
 
 def _median_after(profiles: list[EngineProfile]) -> float:
-    """Median |log error| over the union of some profiles' points (their errors after the fit, weighted by count)."""
+    """The fit error of a split: its parts' median |log error| after the fit, averaged weighted by their points."""
     n = sum(len(p.fit_points) for p in profiles)
     return sum(p.error_after * len(p.fit_points) for p in profiles) / n if n else math.nan
 
@@ -228,8 +228,9 @@ def fit_profiles(points: Iterable[Any], *, min_points: int = MIN_POINTS, groups:
     """The profile table fitted on the ``fit`` half of ``points`` (the others are dropped before anything is
     computed: a report or holdout point cannot move a profile). Per engine: the engine's profile on all of its fit
     points; per release line with ``min_points`` fit points: the release's profile, and its split by GPU or by
-    architecture family where every part has ``min_points`` and the split lowers the release's fit error by
-    ``SPLIT_GAIN`` (the parts are kept beside the release's own, which serves the release's other GPUs/families)."""
+    architecture family where every part has ``min_points`` and the split lowers the release's fit error
+    (``_median_after``) by ``SPLIT_GAIN`` (the parts are kept beside the release's own, which serves the release's
+    other GPUs and families)."""
     from autoresearch_dagster.emulator.validation import predict
 
     say = say or (lambda _m: None)

@@ -148,3 +148,21 @@ def test_a_campaign_on_an_sglang_release_starts_its_surrogate_from_that_release_
     plain = CampaignRunner(endpoint, long_prompt_pool(tmp_path / "p"), engine=EmulatorEngine(endpoint),
                            out_dir=tmp_path / "e", settings=CampaignSettings())
     assert plain.surrogate().efficiency == Efficiency()  # the emulator engine itself: no profile
+
+
+def test_fit_profiles_cli_writes_a_table_fitted_on_the_fit_points_only(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from autoresearch_dagster.cli import main
+
+    src = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/data/emulator_validation.json").read_text())
+    fit = [d for d in src["points"] if d["engine_version"] == "0.5.3.post3" and d["split"] == "fit"][:3]
+    report = [d for d in src["points"] if d["split"] == "report"][:1]
+    table, out = tmp_path / "t.json", tmp_path / "profiles.json"
+    table.write_text(json.dumps({"points": fit + report}))
+    assert main(["emulator", "fit-profiles", "--table", str(table), "--out", str(out), "--max-evals", "2"]) == 0
+    written = ep.load_profiles(out)
+    assert {p.label for p in written} == {"sglang *", "sglang 0.5.3"}
+    assert all(set(p.fit_points) == {d["id"] for d in fit} for p in written)
+    assert "fitting on its 3 fit-half points only" in capsys.readouterr().out
