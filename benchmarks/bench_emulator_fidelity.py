@@ -16,7 +16,9 @@ Usage:
 The calibration-transfer table calibrates the factors a load curve pins on each endpoint's ShareGPT run and predicts
 that endpoint's other runs, split into the same workload under other settings (what the campaign's calibrated
 pre-screen does) and other workloads (extrapolation). The engine-gap table sets SGLang against vLLM where one page
-ran both on one setup. The knob-effect table (``benchmarks/data/knob_effects.json``, ``--knobs ''`` skips it)
+ran both on one setup; the engine-profile table then prints the profiles (``emulator/engine_profiles.json``, fitted
+on the fit half only: ``autoresearch emulator fit-profiles``, or ``--refit-profiles`` here) and those pairs with and
+without them, scored on the pairs neither of whose runs is in the fit half. The knob-effect table (``benchmarks/data/knob_effects.json``, ``--knobs ''`` skips it)
 sets published one-flag-changed pairs' ratios against the emulator's, with the default factors and calibrated on
 the pair's baseline run: the pre-screen's question.
 Targets (issue 13): median |error| <= 8% and none worse than 25% on the held-out points; >= 1M tokens/CPU-s.
@@ -24,6 +26,8 @@ Targets (issue 13): median |error| <= 8% and none worse than 25% on the held-out
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 import time
@@ -37,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autoresearch_dagster.emulator.catalog import gpu, model_card  # noqa: E402
 from autoresearch_dagster.emulator.core import EmuRequest, EngineCore  # noqa: E402
 from autoresearch_dagster.emulator.cost import Efficiency  # noqa: E402
+from autoresearch_dagster.emulator.engine_profiles import PROFILES_FILE  # noqa: E402
 from autoresearch_dagster.emulator.noise import NoiseSettings  # noqa: E402
 from autoresearch_dagster.emulator.sim import simulate  # noqa: E402
 from autoresearch_dagster.emulator.validation import (  # noqa: E402
@@ -117,6 +122,94 @@ def print_engine_gap(rows) -> None:
         print(f"published ratio {min(pub):.2f}..{max(pub):.2f}, emulator {min(pred):.2f}..{max(pred):.2f}; "
               f"{out} pairs out of band (predicted ratio outside x{PAIR_BAND[0]:.2f}..x{PAIR_BAND[1]:.2f} of the "
               f"published: no change to the factors both engines share puts both runs within +-25%)")
+
+
+def pair_half(e) -> str:
+    """Which half an engine pair belongs to: 'fit' (both runs in the fit half: the profiles saw both), 'mixed' (one
+    of them), else the unseen runs' split ('report', 'holdout'; one of each counts as 'report')."""
+    splits = {e.sglang.point.split, e.vllm.point.split}
+    if splits == {"fit"}:
+        return "fit"
+    if "fit" in splits:
+        return "mixed"
+    return "holdout" if splits == {"holdout"} else "report"
+
+
+def print_engine_profiles(rows, profiles_path: Path, refit: bool, points) -> None:
+    """The engine profiles (``emulator.engine_profiles``, fitted on the fit half only) with their provenance, and the
+    same-page SGLang/vLLM pairs with and without them: |log error| of the published ratio SGLang / vLLM per pair and
+    its median per half. Only pairs neither of whose runs is in the fit half measure the profiles."""
+    from autoresearch_dagster.emulator.engine_profiles import (arch_family, fit_fingerprint, fit_profiles,
+                                                              load_profiles, profile_for)
+    from autoresearch_dagster.emulator.validation import predict
+
+    by_id = {p.id: p for p in points}
+    if refit:
+        cpu0 = time.process_time()
+        profiles = fit_profiles(points)
+        print(f"\nengine profiles refitted on the {sum(p.split == 'fit' for p in points)} fit-half points "
+              f"({time.process_time() - cpu0:.0f} CPU-s)")
+    else:
+        profiles = load_profiles(profiles_path)
+        stored = json.loads(profiles_path.read_text()).get("fitted_on", {}) if profiles_path.is_file() else {}
+        same = stored.get("fit_half_fingerprint") == fit_fingerprint(points)
+        print(f"\nengine profiles from {profiles_path.name} (fit-half fingerprint "
+              f"{'matches this table' if same else 'DIFFERS from this table: refit with --refit-profiles'})")
+    seen = [i for p in profiles for i in p.fit_points if i not in by_id or by_id[i].split != "fit"]
+    if seen:
+        raise SystemExit(f"engine profiles were fitted on points outside the fit half: {sorted(set(seen))}")
+    print(f"{'profile':28s} {'multipliers':36s} {'points':>6s} {'fit median |log error| default -> profile':>42s}")
+    for p in profiles:
+        mult = ", ".join(f"{k} x{v:.3f}" for k, v in sorted(p.multipliers.items()))
+        print(f"{p.label:28s} {mult:36s} {len(p.fit_points):6d} {p.error_before:>30.1%} -> {p.error_after:.1%}")
+    pairs = engine_pairs(rows)
+    choice = {}
+    for e in pairs:
+        for r in (e.sglang, e.vllm):
+            q = r.point
+            choice[q.id] = profile_for(q.engine, q.engine_version, arch_family(q.model), q.gpu, profiles)
+    prof_pred = {i: predict(by_id[i], c.apply()) for i, c in choice.items()}
+    print(f"same-page engine pairs with and without the profiles ({len(pairs)} pairs; half: fit = both runs fitted "
+          f"on, mixed = one, report / holdout = neither)")
+    print(f"{'sglang run':44s} {'half':7s} {'versions':22s} {'published':>9s} {'default':>8s} {'profiled':>8s} "
+          f"{'|log err| default':>17s} {'profiled':>9s}  profiles (sglang; vllm)")
+    scored = []
+    for e in sorted(pairs, key=lambda e: (pair_half(e), e.published_ratio)):
+        s, v = e.sglang.point, e.vllm.point
+        ratio = prof_pred[s.id] / prof_pred[v.id]
+        d, q = abs(math.log(e.predicted_ratio / e.published_ratio)), abs(math.log(ratio / e.published_ratio))
+        scored.append((pair_half(e), d, q))
+        lab = lambda c: c.profile.label if c.profile else "none"  # noqa: E731
+        print(f"{s.id[:44]:44s} {pair_half(e):7s} {s.engine_version + ', ' + v.engine_version:22s} "
+              f"{e.published_ratio:9.2f} {e.predicted_ratio:8.2f} {ratio:8.2f} {d:17.1%} {q:9.1%}  "
+              f"{lab(choice[s.id])}; {lab(choice[v.id])}")
+    for name, halves in (("fit (both runs fitted on)", ("fit",)), ("mixed (one run fitted on)", ("mixed",)),
+                         ("report", ("report",)), ("holdout", ("holdout",)),
+                         ("report + holdout (neither run fitted on)", ("report", "holdout"))):
+        g = [(d, q) for h, d, q in scored if h in halves]
+        if not g:
+            print(f"engine pairs {name}: none")
+            continue
+        d, q = np.array(g).T
+        print(f"engine pairs {name}: {len(g)} pairs, median |log error| of the SGLang/vLLM ratio default "
+              f"{np.median(d):.1%} -> profiled {np.median(q):.1%} (worst {d.max():.1%} -> {q.max():.1%}; "
+              f"{int(np.sum(q < d - 1e-9))} better, {int(np.sum(q > d + 1e-9))} worse)")
+    unseen = [q for q in points if q.split != "fit"]
+    if unseen:
+        rep_choice = {q.id: profile_for(q.engine, q.engine_version, arch_family(q.model), q.gpu, profiles)
+                      for q in unseen}
+        base = {r.point.id: r.predicted for r in rows}
+        for split in ("report", "holdout"):
+            mine = [q for q in unseen if q.split == split]
+            if not mine:
+                continue
+            d = np.abs([math.log(base[q.id] / q.value) for q in mine])
+            pr = np.abs([math.log((prof_pred.get(q.id) or predict(q, rep_choice[q.id].apply())) / q.value)
+                         for q in mine])
+            print(f"every {split} point ({len(mine)}): median |log error| default {np.median(d):.1%} -> profiled "
+                  f"{np.median(pr):.1%}")
+    for c in sorted({c.provenance for c in choice.values()}):
+        print(f"  provenance: {c}")
 
 
 def print_knob_effects(path: Path, points) -> None:
@@ -203,6 +296,10 @@ def main() -> None:
     ap.add_argument("--table", default=str(TABLE))
     ap.add_argument("--fit", action="store_true", help="fit FIT_PARAMS on the fit half and print the factors")
     ap.add_argument("--no-transfer", action="store_true", help="skip the calibration-transfer table (a few minutes)")
+    ap.add_argument("--profiles", default=str(PROFILES_FILE), help="engine profile table (emulator/engine_profiles.py)")
+    ap.add_argument("--refit-profiles", action="store_true",
+                    help="refit the engine profiles on the fit half here instead of reading --profiles (minutes)")
+    ap.add_argument("--no-profiles", action="store_true", help="skip the engine-profile comparison")
     ap.add_argument("--knobs", default=str(KNOB_TABLE), help="the knob-effect pairs table ('' to skip)")
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()}")
@@ -214,6 +311,8 @@ def main() -> None:
     print_rows(rows)
     print(f"(replayed in {time.process_time() - cpu0:.1f} CPU-s)")
     print_engine_gap(rows)
+    if not args.no_profiles:
+        print_engine_profiles(rows, Path(args.profiles), args.refit_profiles, points)
     if not args.no_transfer:
         print_transfer(points, rows)
     if args.knobs and Path(args.knobs).exists():

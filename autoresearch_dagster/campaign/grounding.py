@@ -1,7 +1,9 @@
 """Owns the campaign's link to the calibration store and the emulator error report: calibrate, verify, re-calibrate.
 
 - The surrogate starts from the endpoint's newest stored calibration of the running cost model measured on the
-  same engine release, model and GPU (``emulator.calibrations.latest_matching``), and
+  same engine release, model and GPU (``emulator.calibrations.latest_matching``), else from the efficiency profile
+  of the endpoint's engine and release (``emulator.engine_profiles.profile_for``: an SGLang or vLLM endpoint; an
+  emulator endpoint has none), and
   each era's own fit (``CampaignRunner._calibrate``) is stored as the next version (reason ``campaign``).
 - Every verified experiment gets the calibrated emulator's raw prediction beside its measurement
   (``emulator_prediction``) and one ``emulator_errors`` row (``agents.emulator_errors``).
@@ -29,6 +31,22 @@ def start_from_store(results: Any, endpoint: str, **now: Any) -> tuple[dict[str,
         return None, None, []
     cal, passed = latest_matching(results.root, endpoint, **now)
     return (cal.to_efficiency().__dict__, cal.version, passed) if cal else (None, None, passed)
+
+
+def start_from_profile(engine: str, engine_version: str | None, model: str,
+                       gpu: str) -> tuple[dict[str, float] | None, str]:
+    """(efficiency values, provenance) of the engine profile for an endpoint's engine, release, model family and GPU
+    (``engine_profiles.profile_for``); (None, why) when none applies. The campaign's calibration on the endpoint's
+    own baseline refines the factors from there."""
+    from autoresearch_dagster.emulator.engine_profiles import arch_family, profile_for
+    from autoresearch_dagster.spec import SpecError
+
+    try:
+        arch = arch_family(model)
+    except (SpecError, OSError):  # a model the catalog cannot read: the release's profile for every family
+        arch = ""
+    choice = profile_for(engine, engine_version, arch, gpu)
+    return (choice.apply().__dict__ if choice.profile else None), choice.provenance
 
 
 def store(runner: Any, cal: dict[str, Any], *, config: dict[str, Any], reason: str, source: str,

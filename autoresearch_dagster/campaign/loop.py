@@ -51,6 +51,7 @@ from autoresearch_dagster.agents.tools import ToolBox
 from autoresearch_dagster.campaign import drafter_step, grounding
 from autoresearch_dagster.campaign.state import CampaignSettings, CampaignState, Era
 from autoresearch_dagster.emulator.cost import Efficiency
+from autoresearch_dagster.emulator.engine_profiles import ENGINE_OF
 from autoresearch_dagster.engines.base import EngineError
 from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.experiments.campaign import Campaign, campaign_id, identity, record_promotion, start_campaign
@@ -336,6 +337,12 @@ class CampaignRunner:
                     self.say(f"  ... and {len(passed) - 3} older stored calibrations")
                 if stored:
                     self.state.surrogate.update(efficiency=stored, version=version, start_version=version)
+                else:  # no calibration of this endpoint yet: its engine release's profile is the prior
+                    prof, why = grounding.start_from_profile(c.engine, c.engine_version, c.model, c.gpu)
+                    if prof or c.engine in ENGINE_OF:
+                        self.say(f"  engine profile: {why}")
+                    if prof:
+                        self.state.surrogate.update(efficiency=prof, profile=why)
             eff = self.state.surrogate.get("efficiency")
             base_cap = ((self.state.era.noise or {}).get("median") or 1.0)
             cap = self.profile.capacity

@@ -192,7 +192,7 @@ def build_report(runner: Any) -> dict[str, Any]:
                   "wall_s": st.spent.get("wall_s", 0.0)},
         "gpu_hours_per_decided_verdict_median": gpu_per_verdict[len(gpu_per_verdict) // 2] if gpu_per_verdict else None,
         "surrogate": st.surrogate.get("calibration"),
-        "calibration": {k: st.surrogate.get(k) for k in ("start_version", "version", "recalibrations")},
+        "calibration": {k: st.surrogate.get(k) for k in ("start_version", "version", "recalibrations", "profile")},
         "paths": {"dir": str(runner.dir), "state": str(runner.state_path)},
         "finished_at": utc_now().isoformat(),
     }

@@ -1,8 +1,8 @@
 """Owns `autoresearch emulator ...`: the embedded SGLang emulator's commands.
 
 ``serve`` (EMU-HTTP) runs the emulator's real-time OpenAI-compatible HTTP server until SIGINT or
-SIGTERM. Other subcommands (``grid``; ``calibrate`` and ``errors``; ``fit-device``) are registered by their modules
-beside it.
+SIGTERM. Other subcommands (``grid``; ``calibrate`` and ``errors``; ``fit-device``; ``fit-profiles``) are registered
+by their modules beside it.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from autoresearch_dagster.spec import SpecError, load_endpoint, load_server_conf
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("emulator", help="the embedded SGLang emulator: serve it over HTTP, grid search, "
-                                                "calibrate it, its error report, fit a GPU to a device probe",
+                                                "calibrate it, its error report, fit a GPU to a device probe, fit engine profiles",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="emulator_cmd", metavar="COMMAND", required=True)
     _register_serve(sub)
@@ -28,6 +28,9 @@ def register(subparsers: Any) -> None:
     from autoresearch_dagster.cli.emulator_fit_device import register_fit_device
 
     register_fit_device(sub)
+    from autoresearch_dagster.cli.emulator_fit_profiles import register_fit_profiles
+
+    register_fit_profiles(sub)
 
 
 # ---------------------------------------------------------------------- serve (EMU-HTTP)
