@@ -52,9 +52,18 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _train(pool_path: str | Path, out_dir: Path, settings, say) -> dict[str, Any]:
+    import torch
+
     from autoresearch_dagster.drafter.train import run_train
-    # the CPU stand-in target is built once per campaign (the rehearsal's), as a served model exists once
-    return run_train(pool_path, out_dir, settings=settings, log=say, target_cache=out_dir.parent / "targets")
+    # one torch thread: the tiny models gain nothing from more, and beside the campaign's worker processes
+    # two threads ran the same steps >10x slower (benchmarks/bench_drafter.py --threads)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        # the CPU stand-in target is built once per campaign (the rehearsal's), as a served model exists once
+        return run_train(pool_path, out_dir, settings=settings, log=say, target_cache=out_dir.parent / "targets")
+    finally:
+        torch.set_num_threads(prev)
 
 
 def rehearse(pool_path: str | Path, out_dir: Path, *, steps: int, requests: int, overrides: dict[str, Any],
