@@ -199,6 +199,16 @@ class CampaignRunner:
                                        "spec_config_hash": config_hash(self.endpoint.server_config)}
                              if previous else None)
 
+    def observe_version(self, seen: str | None = None) -> str:
+        """Re-read the version the engine reports (a runner that outlives an engine upgrade: the version was read
+        when it started); ``seen``: a version a run reported, taken when the engine itself still says the old one
+        or cannot say. Returns the version the campaign now compares its era against."""
+        now = reported_version(self.engine)
+        if seen not in (None, "", "unknown") and same_version(now, self.engine_version):
+            now = str(seen)
+        self.engine_version = now
+        return now
+
     def engine_bump(self) -> Era | None:
         """A running campaign whose engine reports another version than its era was measured on opens an
         ``engine_bump`` era: the same config, its own noise floor (control runs), calibration and diagnosis, so
@@ -863,6 +873,7 @@ class CampaignRunner:
             res.verdict, res.confirmed = "invalid", False
             res.reason = f"runs of engine {', '.join(others)} against a control of {ref}: not compared"
             res.invalid_reasons = [*res.invalid_reasons, "engine version changed"]
+            self.observe_version(others[-1])  # closing the round then opens the engine_bump era
         record = {**base, "experiment_id": res.experiment_id, "verdict": res.verdict, "confirmed": res.confirmed,
                   "ratio_median": v.ratio_median if v else None, "ci_low": v.ci_low if v else None,
                   "ci_high": v.ci_high if v else None, "margin": v.margin if v else None,
