@@ -225,3 +225,20 @@ def test_an_engine_upgrade_during_an_experiment_makes_it_invalid_and_the_next_ro
     assert nxt is not None and nxt.round == plan.round + 1 and r.state.era.index == era.index
     [rec2] = r.run_round(nxt)
     assert rec2["era"] == era.index and "engine version changed" not in rec2["invalid_reasons"]
+
+
+def test_an_engine_upgrade_while_the_noise_floor_is_measured_pools_nothing_and_measures_again(tmp_path):
+    ep = endpoint()
+    engine = UpgradedAfter(ep, "2")
+    r = runner(tmp_path, endpoint=ep, engine=engine)
+    old_version = r.state.era.engine_version
+    engine.upgrade(after=2)  # two noise runs on the old version, every later one on the new
+    era = r.measure()
+    new_version = engine.version()
+    assert new_version != old_version and r.running and era.index == 0
+    assert era.engine_version == new_version and era.noise["engine_version"] == new_version
+    runs = r.control_runs(era)
+    assert len(runs) == era.noise["runs"] and {run.engine_version for run in runs} == {new_version}
+    # the first, mixed attempt's runs are in the lake with their own versions, none of them in the floor
+    versions = {v for (v,) in r.results.query("SELECT DISTINCT engine_version FROM runs")}
+    assert versions == {old_version, new_version}
