@@ -14,7 +14,7 @@ from autoresearch_dagster.results import ResultsLake
 
 from .conftest import ROOT, write_spec
 
-LINES = 600  # the first minutes of the demo log: a small pool
+LINES = 300  # the first minutes of the demo log: a small pool
 SMALL = MeasurementSettings(step_duration_s=6.0, min_completed=20, warmup_s=1.0, start_rps=16.0, max_steps=10,
                             resolution=0.2, noise_runs=5, quick_diagnosis=True, diagnosis_probes=False)
 KEYS = ("replay_pool", "confirmed_baseline", "noise_baseline", "diagnostic_report")
