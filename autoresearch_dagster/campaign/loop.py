@@ -199,6 +199,16 @@ class CampaignRunner:
                                        "spec_config_hash": config_hash(self.endpoint.server_config)}
                              if previous else None)
 
+    def observe_version(self, seen: str | None = None) -> str:
+        """Re-read the version the engine reports (a runner that outlives an engine upgrade: the version was read
+        when it started); ``seen``: a version a run reported, taken when the engine itself still says the old one
+        or cannot say. Returns the version the campaign now compares its era against."""
+        now = reported_version(self.engine)
+        if seen not in (None, "", "unknown") and same_version(now, self.engine_version):
+            now = str(seen)
+        self.engine_version = now
+        return now
+
     def engine_bump(self) -> Era | None:
         """A running campaign whose engine reports another version than its era was measured on opens an
         ``engine_bump`` era: the same config, its own noise floor (control runs), calibration and diagnosis, so
@@ -413,8 +423,10 @@ class CampaignRunner:
                 "ended_because": self.state.ended_because, "reason": f"campaign ended: {self.state.ended_because}",
                 "decided_at": _now()}
 
-    def measure(self) -> Era:
-        """The era's noise floor; its runs become the shared control; calibration; replication check."""
+    def measure(self, *, _retried: bool = False) -> Era:
+        """The era's noise floor; its runs become the shared control; calibration; replication check. Runs of
+        two engine versions (an upgrade while the floor was measured) set no floor: it is measured again on the
+        version the engine now reports (once; a second mix ends the campaign)."""
         from autoresearch_dagster.experiments.noise import measure_noise
         from autoresearch_dagster.measure.capacity import curve_run
 
@@ -440,6 +452,20 @@ class CampaignRunner:
             self.state.open_questions.append(f"the noise floor of {what} ({era.config_hash}) could not be measured: {e}")
             return self._end(f"the noise floor of {what} could not be measured")
         valid = [r for r in noise.runs if r.valid]
+        mixed = sorted({r.engine_version for r in valid} - {"", "unknown"})
+        if len(mixed) > 1:  # the engine changed under the noise floor: its runs are not pooled into one
+            self.state.spent["gpu_seconds"] += float(sum(r.gpu_seconds for r in noise.runs))
+            old = era.engine_version
+            self.observe_version(valid[-1].engine_version)
+            if _retried:
+                self.state.open_questions.append(
+                    f"the noise floor of {era.config_hash} mixed engine versions {', '.join(mixed)} twice")
+                return self._end("the engine version changed while the noise floor was measured, twice")
+            era.engine_version = self.engine_version
+            self.save()
+            self.say(f"  noise runs of engine versions {', '.join(mixed)} (was {old}): not pooled, measured again "
+                     f"on {self.engine_version}")
+            return self.measure(_retried=True)
         self._add_control_runs(valid, version=noise.engine_version)
         gpu_s = float(sum(r.gpu_seconds for r in noise.runs))
         self.state.spent["gpu_seconds"] += gpu_s
@@ -863,6 +889,7 @@ class CampaignRunner:
             res.verdict, res.confirmed = "invalid", False
             res.reason = f"runs of engine {', '.join(others)} against a control of {ref}: not compared"
             res.invalid_reasons = [*res.invalid_reasons, "engine version changed"]
+            self.observe_version(others[-1])  # closing the round then opens the engine_bump era
         record = {**base, "experiment_id": res.experiment_id, "verdict": res.verdict, "confirmed": res.confirmed,
                   "ratio_median": v.ratio_median if v else None, "ci_low": v.ci_low if v else None,
                   "ci_high": v.ci_high if v else None, "margin": v.margin if v else None,

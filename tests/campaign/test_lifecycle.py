@@ -163,3 +163,82 @@ def test_a_rebuilt_pool_is_a_new_start_that_reuses_no_run_of_the_old_pool(tmp_pa
     # the same proposal in the same round: no experiment file says it "already ran" (run_proposal would reuse one)
     assert [p.id for p in plan2.proposals] == [rec["proposal_id"]] and plan2.round == rec["round"]
     assert not (tmp_path / "campaign" / "rounds" / "001" / "experiments" / "admit-1.json").exists()
+
+
+class UpgradedAfter(EmulatorEngine):
+    """The emulator upgraded under a running experiment: after ``upgrade(after)`` its next ``after`` deployments
+    report the old version, every later one (and ``version()``) the spec's ``engine_options.release`` label."""
+
+    def __init__(self, endpoint, release: str):
+        super().__init__(endpoint)
+        self._upgraded = endpoint.model_copy(update={"engine_options": {**endpoint.engine_options, "release": release}})
+        self._left: int | None = None
+        self.deploys = 0
+
+    def upgrade(self, after: int) -> None:
+        self._left = after
+
+    def deploy(self, config, *, seed=0):
+        if self._left is not None:
+            if self._left <= 0:
+                self.endpoint = self._upgraded
+            self._left -= 1
+        self.deploys += 1
+        return super().deploy(config, seed=seed)
+
+
+def test_an_engine_upgrade_during_an_experiment_makes_it_invalid_and_the_next_round_re_measures(tmp_path):
+    ep = endpoint()
+    engine = UpgradedAfter(ep, "2")
+    s = settings(max_experiments=4)
+    s.directions_per_round, s.experiments_per_round, s.exploit = 1, 1, 0
+    r = runner(tmp_path, endpoint=ep, engine=engine, settings_=s)
+    r.measure()
+    r.diagnose()
+    plan = r.plan()
+    old_version, old_era = r.state.era.engine_version, r.state.era
+    old = control_ids(r, old_era)
+    assert plan is not None and len(plan.proposals) == 1 and old_era.noise["engine_version"] == old_version
+    engine.upgrade(after=1)  # the experiment's first run measures the old version, its later runs the new one
+    before = engine.deploys
+    [rec] = r.run_round(plan)
+    new_version = engine.version()
+    assert new_version != old_version and new_version.endswith("+2")
+    assert rec["ran"] and engine.deploys - before >= 2 and rec["verdict"] == "invalid"
+    assert "engine version changed" in rec["invalid_reasons"]
+    assert new_version in rec["reason"] and old_version in rec["reason"]
+    assert rec["ratio_median"] is None or not rec["confirmed"]
+    decision = r.close(plan, [rec])
+    # nothing promoted; the round closes into the engine_bump era of the same config (no round on the old control)
+    assert not decision["promote"] and decision["next"] == "measure" and r.running
+    assert [e.reason for e in r.state.eras] == ["original", "engine_bump"] and r.state.phase == "measure"
+    assert r.state.decisions[-1]["engine_bump"] == {"from": old_version, "to": new_version}
+    assert r.state.experiments[-1]["verdict"] == "invalid"
+    era = r.measure()
+    assert era.index == old_era.index + 1 and era.reason == "engine_bump" and era.engine_version == new_version
+    assert era.config_hash == old_era.config_hash and era.noise["engine_version"] == new_version
+    new = control_ids(r, era)
+    assert len(new) == era.noise["runs"] and not new & old  # its own control on the new version
+    assert all(run.engine_version == new_version for run in r.control_runs(era))
+    r.diagnose()
+    nxt = r.plan()
+    assert nxt is not None and nxt.round == plan.round + 1 and r.state.era.index == era.index
+    [rec2] = r.run_round(nxt)
+    assert rec2["era"] == era.index and "engine version changed" not in rec2["invalid_reasons"]
+
+
+def test_an_engine_upgrade_while_the_noise_floor_is_measured_pools_nothing_and_measures_again(tmp_path):
+    ep = endpoint()
+    engine = UpgradedAfter(ep, "2")
+    r = runner(tmp_path, endpoint=ep, engine=engine)
+    old_version = r.state.era.engine_version
+    engine.upgrade(after=2)  # two noise runs on the old version, every later one on the new
+    era = r.measure()
+    new_version = engine.version()
+    assert new_version != old_version and r.running and era.index == 0
+    assert era.engine_version == new_version and era.noise["engine_version"] == new_version
+    runs = r.control_runs(era)
+    assert len(runs) == era.noise["runs"] and {run.engine_version for run in runs} == {new_version}
+    # the first, mixed attempt's runs are in the lake with their own versions, none of them in the floor
+    versions = {v for (v,) in r.results.query("SELECT DISTINCT engine_version FROM runs")}
+    assert versions == {old_version, new_version}
