@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import websockets
+from .procs import free_port
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--window-size=1600,1000"]
@@ -25,12 +25,6 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dis
 
 def chromium_path() -> str | None:
     return os.environ.get("AUTORESEARCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Page:
@@ -96,7 +90,7 @@ class Browser:
             raise RuntimeError("no chromium: run scripts/browser.sh")
 
     async def __aenter__(self) -> Page:
-        port, self.profile = _free_port(), tempfile.mkdtemp(prefix="chromium-")
+        port, self.profile = free_port(), tempfile.mkdtemp(prefix="chromium-")
         self.proc = subprocess.Popen([self.binary, *FLAGS, f"--user-data-dir={self.profile}",
                                       f"--remote-debugging-port={port}", "about:blank"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 from autoresearch_dagster.results import ResultsLake
 
 from .conftest import ROOT
+from .procs import free_port, group_alive
 
 EP = "ep1"
 MEASURE = {"step_duration_s": 10.0, "min_completed": 60, "warmup_s": 2.0, "start_rps": 8.0, "max_steps": 12,
@@ -34,20 +34,6 @@ MEASURE = {"step_duration_s": 10.0, "min_completed": 60, "warmup_s": 2.0, "start
 CAMPAIGN = {"budget_experiments": 8, "deadline_min": None, "concurrent_gpus": 1, "experiments_per_round": 2,
             "directions_per_round": 2, "search_trials": 0}
 CHAIN_S, BUMP_S = 900, 600  # generous: the chain took about 5 minutes on the shared 2-core machine (load 11)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _mats(instance: dg.DagsterInstance, key: str) -> list[dg.EventLogRecord]:
@@ -102,7 +88,7 @@ class Chain:
 @pytest.mark.slow  # minutes: waits for the daemon to run a whole campaign, then for an engine-version run
 @pytest.mark.timeout(CHAIN_S + BUMP_S + 120)
 def test_the_daemon_alone_runs_a_campaign_to_a_promotion_and_remeasures_on_an_engine_version_bump(project, tmp_path):
-    home, port, log = tmp_path / "home", _free_port(), tmp_path / "serve.log"
+    home, port, log = tmp_path / "home", free_port(), tmp_path / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTORESEARCH_CANDIDATES": str(project / "candidates"),
            "AUTORESEARCH_GPU_SLOTS": "1", "AUTORESEARCH_SENSOR_INTERVAL_S": "2",
            "AUTORESEARCH_MEASURE_JSON": json.dumps(MEASURE), "AUTORESEARCH_CAMPAIGN_JSON": json.dumps(CAMPAIGN),
@@ -185,13 +171,13 @@ def test_the_daemon_alone_runs_a_campaign_to_a_promotion_and_remeasures_on_an_en
 
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0, log.read_text()
-        assert not [p for p in pgids if _group_alive(p)], "a server's process group outlived serve"
+        assert not [p for p in pgids if group_alive(p)], "a server's process group outlived serve"
     finally:
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGKILL)
             serve.wait(timeout=10)
         for p in pgids:
-            if _group_alive(p):
+            if group_alive(p):
                 os.killpg(p, signal.SIGKILL)
 
 

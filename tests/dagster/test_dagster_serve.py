@@ -3,7 +3,6 @@ discovers a new endpoint spec and its sensor-launched run succeeds; SIGTERM stop
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,20 +13,7 @@ import dagster as dg
 import pytest
 
 from .conftest import ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+from .procs import free_port, group_alive
 
 
 def _ui_up(port: int) -> bool:
@@ -40,7 +26,7 @@ def _ui_up(port: int) -> bool:
 
 @pytest.mark.timeout(150)
 def test_serve_runs_what_the_daemon_launches_and_stops_on_sigterm(project, tmp_path):
-    home, port, log = tmp_path / "home", _free_port(), tmp_path / "serve.log"
+    home, port, log = tmp_path / "home", free_port(), tmp_path / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTORESEARCH_CANDIDATES": str(project / "candidates"),
            "AUTORESEARCH_GPU_SLOTS": "2"}
     env.pop("DAGSTER_HOME", None)
@@ -74,13 +60,13 @@ def test_serve_runs_what_the_daemon_launches_and_stops_on_sigterm(project, tmp_p
             assert instance.get_latest_materialization_event(dg.AssetKey("confirmed_baseline")) is not None
             assert instance.global_op_concurrency_default_limit == 2  # the GPU slots serve rendered
         pgids = [int(p) for p in re.findall(r"(?:webserver|daemon) pid (\d+)", text)]
-        assert len(pgids) == 2 and all(_group_alive(p) for p in pgids)
+        assert len(pgids) == 2 and all(group_alive(p) for p in pgids)
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=40) == 0, log.read_text()
-        assert not [p for p in pgids if _group_alive(p)], "a server's process group outlived serve"
+        assert not [p for p in pgids if group_alive(p)], "a server's process group outlived serve"
     finally:
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGKILL)
         for p in pgids:
-            if _group_alive(p):
+            if group_alive(p):
                 os.killpg(p, signal.SIGKILL)

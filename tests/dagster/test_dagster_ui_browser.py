@@ -7,7 +7,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from jobs.serve import _bin, _create_storage
 from resources import MeasurementSettings
 from .browser import Browser, chromium_path
 from .conftest import ROOT, make_defs, write_spec
+from .procs import free_port
 
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 SMALL = MeasurementSettings(step_duration_s=10.0, min_completed=60, warmup_s=2.0, start_rps=8.0, max_steps=12,
@@ -30,12 +30,6 @@ if not chromium_path():
     if os.environ.get("AUTORESEARCH_REQUIRE_BROWSER"):
         raise RuntimeError("scripts/test.sh requires chromium and none was found")
     pytest.skip("no chromium: `make test` installs it (scripts/browser.sh)", allow_module_level=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _up(port: int) -> bool:
@@ -65,7 +59,7 @@ def materialized(tmp_path):
 @pytest.fixture
 def webserver(materialized, tmp_path):
     project, home = materialized
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(ROOT),
            "AUTORESEARCH_OUT": str(project / "out"), "AUTORESEARCH_ENDPOINTS": str(project / "endpoints")}
     log = open(tmp_path / "webserver.log", "w")
