@@ -49,7 +49,7 @@ from autoresearch_dagster.agents.proposal import Intervention, KnobChange, Propo
 from autoresearch_dagster.agents.surrogate import Corrector, Surrogate
 from autoresearch_dagster.agents.tools import ToolBox
 from autoresearch_dagster.campaign import drafter_step, grounding
-from autoresearch_dagster.campaign.state import CampaignSettings, CampaignState, Era
+from autoresearch_dagster.campaign.state import CampaignSettings, CampaignState, Era, same_version
 from autoresearch_dagster.emulator.cost import Efficiency
 from autoresearch_dagster.emulator.engine_profiles import ENGINE_OF
 from autoresearch_dagster.engines.base import EngineError
@@ -84,12 +84,6 @@ def reported_version(engine: Any) -> str:
         return str(engine.version() or "unknown")
     except Exception:  # an engine that cannot say (not installed, not answering) is not a changed one
         return "unknown"
-
-
-def same_version(a: str | None, b: str | None) -> bool:
-    """Two engine versions a campaign treats as one: equal, or either not known (nothing tells them apart)."""
-    unknown = (None, "", "unknown")
-    return a in unknown or b in unknown or str(a) == str(b)
 
 
 def gate_key(baseline: dict[str, Any], candidate: dict[str, Any], engine: str = "sglang") -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autoresearch_dagster.agents import scoring
+from autoresearch_dagster.campaign.state import same_version
 from autoresearch_dagster.experiments import stats
 from autoresearch_dagster.experiments.gpu_savings import LABEL, format_line
 from autoresearch_dagster.outputs.files import json_safe, write_json
@@ -29,28 +30,22 @@ def confirmed_eras(state: Any) -> list[Any]:
                                                   or (e.replication or {}).get("replicated"))]
 
 
-def _same_version(a: Any, b: Any) -> bool:
-    from autoresearch_dagster.campaign.loop import same_version
-
-    return same_version(a, b)
-
-
 def best_era(state: Any) -> Any:
     """The confirmed era of highest capacity among those of the latest measured engine version (capacities of
     two engine versions are not compared)."""
     eras = confirmed_eras(state)
     if eras:
         version = eras[-1].engine_version
-        eras = [e for e in eras if _same_version(e.engine_version, version)]
+        eras = [e for e in eras if same_version(e.engine_version, version)]
     return max(eras, key=lambda e: e.noise["median"]) if eras else state.eras[0]
 
 
 def reference_era(state: Any, best: Any) -> Any:
     """What the gain is measured against: the original, or after an engine bump the first measured era of the
     best era's engine version (the working config re-measured on it)."""
-    if _same_version(state.original.engine_version, best.engine_version):
+    if same_version(state.original.engine_version, best.engine_version):
         return state.original
-    return next((e for e in state.eras if e.noise and _same_version(e.engine_version, best.engine_version)), best)
+    return next((e for e in state.eras if e.noise and same_version(e.engine_version, best.engine_version)), best)
 
 
 def per_gpu(era: Any, gpus: int) -> float:

@@ -79,6 +79,12 @@ class CampaignSettings(BaseModel):
     budget: CampaignBudget = Field(default_factory=CampaignBudget)
 
 
+def same_version(a: str | None, b: str | None) -> bool:
+    """Two engine versions a campaign treats as one: equal, or either not known (nothing tells them apart)."""
+    unknown = (None, "", "unknown")
+    return a in unknown or b in unknown or str(a) == str(b)
+
+
 @dataclass
 class Era:
     """One working baseline of the campaign."""
