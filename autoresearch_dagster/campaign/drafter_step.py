@@ -39,6 +39,11 @@ def _settings(overrides: dict[str, Any], **kw: Any):
     return replace(DrafterSettings(**overrides), **kw)
 
 
+def full_steps(overrides: dict[str, Any]) -> int:
+    """Head steps of the full training run (the trainer's default unless overridden)."""
+    return _settings(overrides).steps
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     acc = report.get("acceptance") or {}
     held, serving = acc.get("held_out") or {}, acc.get("serving") or {}

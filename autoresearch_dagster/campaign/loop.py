@@ -749,7 +749,7 @@ class CampaignRunner:
         if entry is not None and entry.get("full") and (full_dir / "acceptance.json").is_file():
             return entry["full"], None
         rehearsal = (entry or {}).get("rehearsal") or {}
-        full_steps = self.settings.drafter_train.get("steps", 300)
+        full_steps = drafter_step.full_steps(self.settings.drafter_train)
         estimate = float(rehearsal.get("wall_s") or 0.0) * full_steps / max(1, rehearsal.get("steps") or 1)
         problem = self.budget_problem(experiment=True, pending_gpu_seconds=estimate)
         if problem:
